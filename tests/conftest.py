@@ -1,0 +1,59 @@
+"""Shared fixtures: one local SparkSession per test run, temporary folders for streams."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", shutil.which("python") or "python3")
+
+
+def _java_available() -> bool:
+    try:
+        return subprocess.run(["java", "-version"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """The run's one local SparkSession (FAIR scheduler so audit pools can yield)."""
+    if not _java_available():
+        pytest.fail("Java 17 is required for the Spark tests: install openjdk-17-jre-headless")
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("wmwatch-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.scheduler.mode", "FAIR")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.streaming.noDataProgressEventInterval", "1000")
+        .config("spark.sql.adaptive.enabled", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    for query in session.streams.active:
+        try:
+            query.stop()
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass
+    session.stop()
+
+
+@pytest.fixture
+def stream_dir(tmp_path: Path) -> Path:
+    """A folder for a test's input files, checkpoints and database."""
+    for sub in ("in", "checkpoint", "out"):
+        (tmp_path / sub).mkdir()
+    return tmp_path

@@ -1,0 +1,149 @@
+"""The progress parser: one recorded document, partial and malformed ones, and fuzzing."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wmwatch import ProgressParseError, parse_progress
+from wmwatch._progress import EPOCH, parse_timestamp
+
+FIXTURE = Path(__file__).parent / "fixtures" / "progress_window.json"
+
+
+def minimal(**extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"id": "q1", "runId": "r1", "batchId": 0}
+    doc.update(extra)
+    return doc
+
+
+def test_recorded_progress_becomes_typed_snapshot() -> None:
+    snap = parse_progress(FIXTURE.read_text())
+    assert snap.label == "orders_per_minute"
+    assert snap.batch_id == 7
+    assert snap.watermark_at == datetime(2026, 1, 1, 0, 1, 40, tzinfo=UTC)
+    assert snap.event_time_min_at == datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)
+    assert snap.watermark_lag_seconds == 20.0
+    assert snap.event_time_delay_seconds == 10.0
+    assert snap.event_time_spread_seconds == 80.0
+    assert snap.batch_duration_seconds == pytest.approx(0.341)
+    assert snap.durations_seconds["addBatch"] == pytest.approx(0.177)
+    (op,) = snap.operators
+    assert (op.operator_id, op.name, op.rows_total, op.rows_dropped_by_watermark) == (
+        0,
+        "stateStoreSave",
+        4,
+        1,
+    )
+    assert op.custom_metrics["stateOnCurrentVersionSizeBytes"] == 408
+    (source,) = snap.sources
+    assert source.end_offset == '{"logOffset": 7}'
+    assert snap.sink_output_rows == 2
+
+
+def test_credentials_in_source_descriptions_are_redacted_everywhere() -> None:
+    snap = parse_progress(FIXTURE.read_text())
+    assert "wJalrSECRET" not in snap.sources[0].description
+    assert "wJalrSECRET" not in snap.raw_json
+    assert "s3a://***@bucket/orders" in snap.sources[0].description
+
+
+def test_no_event_time_means_no_watermark_figures() -> None:
+    snap = parse_progress(minimal(eventTime={}, stateOperators=[]))
+    assert snap.watermark_at is None
+    assert snap.watermark_lag_seconds is None
+    assert snap.event_time_delay_seconds is None
+    assert snap.operators == ()
+
+
+def test_epoch_watermark_is_reported_as_not_yet_set() -> None:
+    snap = parse_progress(
+        minimal(timestamp="2026-01-01T00:00:00.000Z", eventTime={"watermark": "1970-01-01T00:00:00.000Z"})
+    )
+    assert snap.watermark_at == EPOCH
+    assert not snap.has_watermark
+    assert snap.watermark_lag_seconds is None
+
+
+def test_unknown_fields_and_wrong_types_are_ignored_not_fatal() -> None:
+    snap = parse_progress(
+        minimal(
+            numInputRows="many",
+            batchDuration=-5,
+            durationMs={"addBatch": "x", "getBatch": 3},
+            stateOperators=[{"operatorName": 5, "numRowsTotal": 1.5}, "junk"],
+            sources="nope",
+            futureField={"a": [1, 2]},
+            eventTime={"watermark": "not a time", "max": 12},
+        )
+    )
+    assert snap.input_rows is None
+    assert snap.batch_duration_seconds is None
+    assert snap.durations_seconds == {"getBatch": 0.003}
+    assert len(snap.operators) == 1 and snap.operators[0].rows_total is None
+    assert snap.sources == ()
+    assert snap.watermark_at is None and snap.event_time_max_at is None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["", "{", "[1,2]", "null", '{"id": "q"}', '{"id": "q", "runId": "r", "batchId": -1}',
+     '{"id": "q", "runId": "r", "batchId": "seven"}'],
+)
+def test_documents_without_batch_identity_are_refused_with_a_clear_error(raw: str) -> None:
+    with pytest.raises(ProgressParseError, match="progress"):
+        parse_progress(raw)
+
+
+def test_timestamps_parse_with_and_without_zone() -> None:
+    assert parse_timestamp("2026-03-01T10:00:00.123Z") == datetime(
+        2026, 3, 1, 10, 0, 0, 123000, tzinfo=UTC
+    )
+    assert parse_timestamp("2026-03-01T10:00:00") == datetime(2026, 3, 1, 10, tzinfo=UTC)
+    assert parse_timestamp("") is None
+    assert parse_timestamp(None) is None
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=30),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=20,
+)
+
+timestamps = st.one_of(
+    st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31)).map(
+        lambda d: d.isoformat() + "Z"
+    ),
+    st.text(max_size=30),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    batch=st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True), st.text()),
+    name=st.one_of(st.none(), st.text(max_size=500)),
+    event_time=st.dictionaries(st.sampled_from(["watermark", "max", "min", "avg"]), timestamps),
+    operators=st.lists(st.dictionaries(st.text(max_size=20), json_values, max_size=6), max_size=3),
+    junk=json_values,
+)
+def test_fuzzed_documents_parse_or_fail_cleanly(
+    batch: Any, name: Any, event_time: Any, operators: Any, junk: Any
+) -> None:
+    doc = {"id": "q", "runId": "r", "batchId": batch, "name": name, "eventTime": event_time,
+           "stateOperators": operators, "junk": junk}
+    text = json.dumps(doc, allow_nan=True)
+    for raw in (text, text[: len(text) // 2]):
+        try:
+            snap = parse_progress(raw)
+        except ProgressParseError:
+            continue
+        for value in (snap.watermark_lag_seconds, snap.event_time_spread_seconds, snap.event_time_delay_seconds):
+            assert value is None or math.isfinite(value)
+        assert len(snap.label) <= 200

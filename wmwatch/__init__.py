@@ -1,0 +1,38 @@
+"""wmwatch: watermark monitoring and late-data auditing for Spark Structured Streaming.
+
+    import wmwatch
+    watch = wmwatch.attach(spark, db="wmwatch.duckdb", metrics_port=9108)
+"""
+
+from wmwatch._errors import (
+    AuditError,
+    ConfigError,
+    MetricsServerError,
+    ProgressParseError,
+    StoreError,
+    UnsupportedSourceError,
+    WmwatchError,
+)
+from wmwatch._plugins import WatchPlugin
+from wmwatch._progress import OperatorProgress, ProgressSnapshot, SourceProgress, parse_progress
+from wmwatch._watch import Watch, attach
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuditError",
+    "ConfigError",
+    "MetricsServerError",
+    "OperatorProgress",
+    "ProgressParseError",
+    "ProgressSnapshot",
+    "SourceProgress",
+    "StoreError",
+    "UnsupportedSourceError",
+    "Watch",
+    "WatchPlugin",
+    "WmwatchError",
+    "__version__",
+    "attach",
+    "parse_progress",
+]

@@ -1,0 +1,231 @@
+"""The Prometheus collector: turns the query book and wmwatch's health into metric families.
+
+Nothing is computed ahead of a scrape: ``collect`` reads copies of the current state, so the
+values are as fresh as the last event the worker handled. Label ``query`` is the query's name,
+or its id when it has none; batch and run ids are never labels.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from wmwatch._health import HANDLING_BUCKETS_SECONDS, Health
+from wmwatch._plugins import WatchPlugin
+from wmwatch._progress import to_epoch_seconds
+from wmwatch._state import QueryBook, QueryState
+
+log = logging.getLogger("wmwatch")
+
+Q = ["query"]
+OP = ["query", "operator", "operator_name"]
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str] = Q, unit: str = "") -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels), unit=unit)
+
+
+def _counter(name: str, doc: str, labels: Sequence[str] = Q) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=list(labels))
+
+
+class WatchCollector(Collector):
+    """Collects every wmwatch metric; register one per watch."""
+
+    def __init__(
+        self,
+        book: QueryBook,
+        health: Health,
+        *,
+        queue_size: Callable[[], int],
+        queue_capacity: int,
+        store_health: Callable[[], Any] | None = None,
+        plugins: Callable[[], Iterable[WatchPlugin]] = tuple,
+    ) -> None:
+        self._book = book
+        self._health = health
+        self._queue_size = queue_size
+        self._queue_capacity = queue_capacity
+        self._store_health = store_health
+        self._plugins = plugins
+
+    def describe(self) -> list[Metric]:
+        # Returning nothing keeps registration from calling collect() eagerly.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._query_metrics(self._book.snapshot())
+        yield from self._health_metrics()
+        for plugin in list(self._plugins()):
+            try:
+                yield from list(plugin.collect())
+            except Exception:  # a broken plugin must not break the scrape
+                self._health.error(f"collect:{plugin.name}")
+                log.exception("wmwatch: plugin %s failed to collect metrics", plugin.name)
+
+    def _query_metrics(self, states: list[QueryState]) -> Iterator[Metric]:
+        info = _gauge("wmwatch_query_info", "Watched query (value 1), with its id.", ["query", "query_id"])
+        up = _gauge("wmwatch_query_up", "1 while the query runs, 0 after it stopped.")
+        failed = _gauge("wmwatch_query_failed", "1 if the query's last run ended with an exception.")
+        watermark = _gauge("wmwatch_watermark_seconds", "Event-time watermark (Unix seconds).")
+        ev_max = _gauge("wmwatch_event_time_max_seconds", "Max event time in the last batch (Unix seconds).")
+        ev_min = _gauge("wmwatch_event_time_min_seconds", "Min event time in the last batch (Unix seconds).")
+        ev_avg = _gauge("wmwatch_event_time_avg_seconds", "Avg event time in the last batch (Unix seconds).")
+        lag = _gauge("wmwatch_watermark_lag_seconds", "Batch time minus watermark.")
+        delay = _gauge("wmwatch_event_time_delay_seconds", "Max event time minus watermark.")
+        spread = _gauge("wmwatch_event_time_spread_seconds", "Max minus min event time in the last batch.")
+        input_total = _counter("wmwatch_input_rows", "Input rows read, over all batches seen.")
+        batch_rows = _gauge("wmwatch_batch_input_rows", "Input rows of the last batch.")
+        in_rate = _gauge("wmwatch_input_rows_per_second", "Input rate of the last batch.")
+        proc_rate = _gauge("wmwatch_processed_rows_per_second", "Processing rate of the last batch.")
+        duration = _gauge("wmwatch_batch_duration_seconds", "Wall time of the last batch.")
+        phases = _gauge(
+            "wmwatch_batch_phase_duration_seconds",
+            "Time of each phase of the last batch (addBatch, getBatch, queryPlanning, ...).",
+            ["query", "phase"],
+        )
+        batches = _counter("wmwatch_batches", "Batches seen (no-data batches included).")
+        missed = _counter(
+            "wmwatch_progress_events_missed",
+            "Batches whose progress event never reached wmwatch (Spark's listener bus dropped it).",
+        )
+        batch_id = _gauge("wmwatch_last_batch_id", "Id of the last batch seen.")
+        last_progress = _gauge("wmwatch_last_progress_timestamp_seconds", "When the last progress arrived (Unix seconds).")
+        dropped = _counter(
+            "wmwatch_rows_dropped_by_watermark",
+            "Rows dropped by watermark per stateful operator (late groups, for aggregations).",
+            OP,
+        )
+        state_rows = _gauge("wmwatch_state_rows", "Rows in the operator's state store.", OP)
+        state_updated = _gauge("wmwatch_state_rows_updated", "State rows updated in the last batch.", OP)
+        state_removed = _counter("wmwatch_state_rows_removed", "State rows removed (evicted).", OP)
+        state_mem = _gauge("wmwatch_state_memory_bytes", "Memory used by the operator's state store.", OP)
+        src_rows = _counter(
+            "wmwatch_source_input_rows", "Input rows per source.", ["query", "source", "description"]
+        )
+
+        for state in states:
+            q = state.label
+            info.add_metric([q, state.query_id], 1)
+            up.add_metric([q], 1 if state.status == "active" else 0)
+            failed.add_metric([q], 1 if state.status == "failed" else 0)
+            batches.add_metric([q], state.batches_total)
+            missed.add_metric([q], state.missed_batches_total)
+            input_total.add_metric([q], state.input_rows_total)
+            if state.last_progress_wall_seconds is not None:
+                last_progress.add_metric([q], state.last_progress_wall_seconds)
+            for (op_id, op_name), value in state.dropped_total.items():
+                dropped.add_metric([q, str(op_id), op_name], value)
+            for (op_id, op_name), value in state.removed_total.items():
+                state_removed.add_metric([q, str(op_id), op_name], value)
+            snap = state.latest
+            if snap is None:
+                continue
+            batch_id.add_metric([q], snap.batch_id)
+            if snap.has_watermark:
+                watermark.add_metric([q], to_epoch_seconds(snap.watermark_at) or 0.0)
+            for family, value in (
+                (ev_max, to_epoch_seconds(snap.event_time_max_at)),
+                (ev_min, to_epoch_seconds(snap.event_time_min_at)),
+                (ev_avg, to_epoch_seconds(snap.event_time_avg_at)),
+                (lag, snap.watermark_lag_seconds),
+                (delay, snap.event_time_delay_seconds),
+                (spread, snap.event_time_spread_seconds),
+                (batch_rows, snap.input_rows),
+                (in_rate, snap.input_rows_per_second),
+                (proc_rate, snap.processed_rows_per_second),
+                (duration, snap.batch_duration_seconds),
+            ):
+                if value is not None:
+                    family.add_metric([q], float(value))
+            for phase, seconds in sorted(snap.durations_seconds.items()):
+                phases.add_metric([q, phase], seconds)
+            for op in snap.operators:
+                labels = [q, str(op.operator_id), op.name]
+                if op.rows_total is not None:
+                    state_rows.add_metric(labels, op.rows_total)
+                if op.rows_updated is not None:
+                    state_updated.add_metric(labels, op.rows_updated)
+                if op.memory_used_bytes is not None:
+                    state_mem.add_metric(labels, op.memory_used_bytes)
+            for source in snap.sources:
+                src_rows.add_metric(
+                    [q, str(source.index), source.description[:200]],
+                    state.source_rows_total.get(source.index, 0),
+                )
+        yield from (
+            info, up, failed, watermark, ev_max, ev_min, ev_avg, lag, delay, spread, input_total,
+            batch_rows, in_rate, proc_rate, duration, phases, batches, missed, batch_id, last_progress,
+            dropped, state_rows, state_updated, state_removed, state_mem, src_rows,
+        )  # fmt: skip
+
+    def _health_metrics(self) -> Iterator[Metric]:
+        h = self._health.copy()
+        received = _counter("wmwatch_events_received", "Listener events received, by kind.", ["kind"])
+        dropped = _counter(
+            "wmwatch_events_dropped", "Events dropped because the queue was full, by kind.", ["kind"]
+        )
+        processed = _counter("wmwatch_events_processed", "Events handled by the worker, by kind.", ["kind"])
+        errors = _counter(
+            "wmwatch_listener_errors", "Errors while receiving or handling events, by stage.", ["stage"]
+        )
+        for kind in ("started", "progress", "idle", "terminated"):
+            received.add_metric([kind], h["received"].get(kind, 0))  # type: ignore[attr-defined]
+            dropped.add_metric([kind], h["dropped"].get(kind, 0))  # type: ignore[attr-defined]
+            processed.add_metric([kind], h["processed"].get(kind, 0))  # type: ignore[attr-defined]
+        for stage, value in sorted(h["errors"].items()):  # type: ignore[attr-defined]
+            errors.add_metric([stage], value)
+        yield from (received, dropped, processed, errors)
+
+        queue_size = _gauge("wmwatch_event_queue_size", "Events waiting for the worker.", [])
+        queue_size.add_metric([], self._queue_size())
+        yield queue_size
+        queue_cap = _gauge("wmwatch_event_queue_capacity", "Capacity of the event queue.", [])
+        queue_cap.add_metric([], self._queue_capacity)
+        yield queue_cap
+
+        counts = h["handling_buckets"]
+        buckets = [
+            (str(bound), counts[i])  # type: ignore[index]
+            for i, bound in enumerate(HANDLING_BUCKETS_SECONDS)
+        ]
+        buckets.append(("+Inf", h["handling_count"]))
+        handling = HistogramMetricFamily(
+            "wmwatch_event_handling_seconds", "Worker time per event.", labels=[]
+        )
+        handling.add_metric([], buckets, sum_value=float(h["handling_sum_seconds"]))  # type: ignore[arg-type]
+        yield handling
+
+        mode = GaugeMetricFamily(
+            "wmwatch_listener_mode", "How events are received (py4j proxy or stock listener).", labels=["mode"]
+        )
+        mode.add_metric([str(h["listener_mode"])], 1)
+        yield mode
+        server = _gauge("wmwatch_metrics_server_up", "1 when the HTTP endpoint is being served.", [])
+        server.add_metric([], 1 if h["metrics_server_up"] else 0)
+        yield server
+
+        if self._store_health is not None:
+            store = self._store_health()
+            store_up = _gauge("wmwatch_store_up", "1 when the last write to DuckDB succeeded.", [])
+            store_up.add_metric([], 1 if getattr(store, "up", False) else 0)
+            pending = _gauge("wmwatch_store_pending_writes", "Writes waiting for DuckDB.", [])
+            pending.add_metric([], getattr(store, "pending_writes", 0))
+            written = _counter("wmwatch_store_writes", "Writes committed to DuckDB.", [])
+            written.add_metric([], getattr(store, "written_total", 0))
+            store_errors = _counter("wmwatch_store_errors", "Failed attempts to write to DuckDB.", [])
+            store_errors.add_metric([], getattr(store, "errors_total", 0))
+            store_dropped = _counter(
+                "wmwatch_store_dropped_writes", "Writes given up because too many were pending.", []
+            )
+            store_dropped.add_metric([], getattr(store, "dropped_total", 0))
+            yield from (store_up, pending, written, store_errors, store_dropped)

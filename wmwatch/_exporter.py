@@ -1,0 +1,121 @@
+"""The /metrics HTTP endpoint: bind address, TLS and basic auth around prometheus-client's WSGI app.
+
+The default address is 127.0.0.1: the endpoint then answers only on the driver host until the
+operator opens it deliberately (``metrics_addr="0.0.0.0"`` or ``WMWATCH_METRICS_ADDR``), which is
+what a Kubernetes or remote Prometheus scrape needs.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import hmac
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from wmwatch._errors import ConfigError, MetricsServerError
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        """Scrapes every few seconds must not fill the driver log."""
+
+
+def _basic_auth(app: Callable[..., Any], user: str, password: str) -> Callable[..., Any]:
+    expected = hashlib.sha256(
+        b"Basic " + base64.b64encode(f"{user}:{password}".encode())
+    ).digest()
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        given = environ.get("HTTP_AUTHORIZATION", "").encode()
+        if not hmac.compare_digest(hashlib.sha256(given).digest(), expected):
+            start_response(
+                "401 Unauthorized",
+                [("WWW-Authenticate", 'Basic realm="wmwatch"'), ("Content-Type", "text/plain")],
+            )
+            return [b"authentication required\n"]
+        result: Iterable[bytes] = app(environ, start_response)
+        return result
+
+    return guarded
+
+
+@dataclass
+class MetricsServer:
+    """A running endpoint; ``url`` is what Prometheus should scrape."""
+
+    httpd: WSGIServer
+    thread: threading.Thread
+    url: str
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+def serve_metrics(
+    registry: CollectorRegistry,
+    *,
+    port: int,
+    addr: str = "127.0.0.1",
+    certfile: str | None = None,
+    keyfile: str | None = None,
+    basic_auth: tuple[str, str] | None = None,
+) -> MetricsServer:
+    """Serve ``registry`` on ``addr:port`` in a daemon thread (``port=0`` picks a free port)."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"metrics_port {port} is not a TCP port: use 1-65535, or 0/None for no endpoint")
+    if bool(certfile) != bool(keyfile):
+        raise ConfigError("TLS needs both metrics_certfile and metrics_keyfile")
+    app: Callable[..., Any] = make_wsgi_app(registry)
+    if basic_auth is not None:
+        user, password = basic_auth
+        if not user or not password:
+            raise ConfigError("metrics_basic_auth needs a non-empty (user, password)")
+        app = _basic_auth(app, user, password)
+
+    class _Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        allow_reuse_address = False
+
+    try:
+        httpd = make_server(addr, port, app, _Server, handler_class=_QuietHandler)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise MetricsServerError(
+                f"port {port} on {addr} is already in use: pick another metrics_port, "
+                "or pass metrics_port=0 to run without an HTTP endpoint"
+            ) from None
+        raise MetricsServerError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from None
+    scheme = "http"
+    if certfile and keyfile:
+        try:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(certfile, keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            httpd.server_close()
+            raise MetricsServerError(
+                f"cannot load TLS certificate {certfile} / key {keyfile}: {exc}"
+            ) from None
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+        scheme = "https"
+    thread = threading.Thread(target=httpd.serve_forever, name="wmwatch-metrics", daemon=True)
+    thread.start()
+    host = addr if ":" not in addr else f"[{addr}]"
+    bound_port = int(httpd.server_address[1])
+    return MetricsServer(httpd, thread, f"{scheme}://{host}:{bound_port}/metrics")

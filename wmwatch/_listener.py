@@ -1,0 +1,226 @@
+"""Receiving Spark's streaming events without slowing anything down.
+
+Two ways in, chosen at attach time:
+
+* ``py4j``: a py4j proxy implementing ``org.apache.spark.sql.streaming.PythonStreamingQueryListener``
+  (classic PySpark). Each callback makes one JVM round trip (``event.json()``) and puts the text on
+  a bounded queue. The stock PySpark listener instead converts every event field by field, which
+  costs 100-800 ms per progress event on a small driver. This interface is internal to PySpark, so
+  it is guarded and falls back to the stock listener.
+* ``stock``: a ``pyspark.sql.streaming.StreamingQueryListener`` subclass. Used on Spark Connect,
+  where events arrive in the client already decoded and cheap.
+
+Callbacks never raise and never block: when the queue is full the event is counted as dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from wmwatch._health import Health
+
+log = logging.getLogger("wmwatch")
+
+
+@dataclass(frozen=True, slots=True)
+class RawEvent:
+    kind: str  # started | progress | idle | terminated
+    payload: str | dict[str, Any]
+    received_monotonic: float
+
+
+class EventQueue:
+    """A bounded queue of raw events; ``offer`` never blocks."""
+
+    def __init__(self, capacity: int, health: Health) -> None:
+        self.capacity = capacity
+        self._queue: queue.Queue[RawEvent] = queue.Queue(maxsize=capacity)
+        self._health = health
+
+    def offer(self, kind: str, payload: str | dict[str, Any]) -> bool:
+        self._health.count(self._health.received, kind)
+        try:
+            self._queue.put_nowait(RawEvent(kind, payload, time.monotonic()))
+        except queue.Full:
+            self._health.count(self._health.dropped, kind)
+            return False
+        return True
+
+    def get(self, timeout: float) -> RawEvent | None:
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def size(self) -> int:
+        return self._queue.qsize()
+
+
+def _unwrap_progress(text: str) -> str:
+    # QueryProgressEvent.json() wraps the progress as {"progress": {...}}; keep only the progress.
+    if text.startswith('{"progress"'):
+        try:
+            return json.dumps(json.loads(text)["progress"])
+        except (ValueError, KeyError, TypeError):
+            return text
+    return text
+
+
+class Py4jListener:
+    """The py4j proxy Spark calls for each event (classic PySpark)."""
+
+    def __init__(self, events: EventQueue, health: Health) -> None:
+        self._events = events
+        self._health = health
+
+    def _offer_json(self, kind: str, jevent: Any) -> None:
+        try:
+            if kind == "progress":
+                payload = jevent.progress().json()
+            else:
+                payload = jevent.json()
+            self._events.offer(kind, payload)
+        except BaseException:  # noqa: BLE001 - must never raise into Spark
+            self._health.error(f"receive:{kind}")
+
+    def onQueryStarted(self, jevent: Any) -> None:  # noqa: N802 - Java interface
+        self._offer_json("started", jevent)
+
+    def onQueryProgress(self, jevent: Any) -> None:  # noqa: N802
+        self._offer_json("progress", jevent)
+
+    def onQueryIdle(self, jevent: Any) -> None:  # noqa: N802
+        self._offer_json("idle", jevent)
+
+    def onQueryTerminated(self, jevent: Any) -> None:  # noqa: N802
+        self._offer_json("terminated", jevent)
+
+    class Java:
+        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
+
+
+def make_stock_listener(events: EventQueue, health: Health) -> Any:
+    """A stock ``StreamingQueryListener`` feeding the same queue (Spark Connect, or fallback)."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class StockListener(StreamingQueryListener):  # type: ignore[misc]
+        def _safe(self, kind: str, build: Any) -> None:
+            try:
+                events.offer(kind, build())
+            except BaseException:  # noqa: BLE001 - must never raise into Spark
+                health.error(f"receive:{kind}")
+
+        def onQueryStarted(self, event: Any) -> None:  # noqa: N802
+            self._safe(
+                "started",
+                lambda: {
+                    "id": str(event.id),
+                    "runId": str(event.runId),
+                    "name": event.name,
+                    "timestamp": event.timestamp,
+                },
+            )
+
+        def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+            self._safe("progress", lambda: event.progress.json)
+
+        def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+            self._safe(
+                "idle",
+                lambda: {"id": str(event.id), "runId": str(event.runId), "timestamp": event.timestamp},
+            )
+
+        def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+            self._safe(
+                "terminated",
+                lambda: {
+                    "id": str(event.id),
+                    "runId": str(event.runId),
+                    "exception": event.exception,
+                    "errorClassOnException": event.errorClassOnException,
+                },
+            )
+
+    return StockListener()
+
+
+def is_classic(spark: Any) -> bool:
+    """True for a classic (py4j) SparkSession, False for Spark Connect."""
+    return hasattr(spark, "_jsparkSession") and getattr(spark, "_jsparkSession", None) is not None
+
+
+class ListenerRegistration:
+    """Adds the cheapest listener the session supports and removes it again on ``remove``."""
+
+    def __init__(self, spark: Any, events: EventQueue, health: Health, *, mode: str = "auto") -> None:
+        self._spark = spark
+        self._jwrapper: Any = None
+        self._stock: Any = None
+        if mode not in ("auto", "py4j", "stock"):
+            from wmwatch._errors import ConfigError
+
+            raise ConfigError(f"listener mode {mode!r} is not one of auto, py4j, stock")
+        if mode in ("auto", "py4j") and is_classic(spark):
+            try:
+                from pyspark.java_gateway import ensure_callback_server_started
+
+                context = spark.sparkContext
+                ensure_callback_server_started(context._gateway)
+                self._jwrapper = context._jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper(
+                    Py4jListener(events, health)
+                )
+                spark.streams._jsqm.addListener(self._jwrapper)
+                health.listener_mode = "py4j"
+                return
+            except Exception as exc:  # noqa: BLE001 - internal API: fall back
+                self._jwrapper = None
+                if mode == "py4j":
+                    raise
+                log.warning("wmwatch: py4j listener unavailable (%s); using the stock listener", exc)
+        self._stock = make_stock_listener(events, health)
+        spark.streams.addListener(self._stock)
+        health.listener_mode = "stock"
+
+    def remove(self) -> None:
+        try:
+            if self._jwrapper is not None:
+                self._spark.streams._jsqm.removeListener(self._jwrapper)
+            elif self._stock is not None:
+                self._spark.streams.removeListener(self._stock)
+        except Exception as exc:  # noqa: BLE001 - the session may already be stopped
+            log.debug("wmwatch: removing the listener failed: %s", exc)
+
+
+def seed_active_queries(spark: Any, events: EventQueue, health: Health) -> int:
+    """Queue a started event (and the last progress) for queries running before attach."""
+    count = 0
+    try:
+        active = list(spark.streams.active)
+    except Exception:  # noqa: BLE001
+        health.error("seed")
+        return 0
+    for query in active:
+        try:
+            events.offer(
+                "started",
+                {"id": str(query.id), "runId": str(query.runId), "name": query.name, "timestamp": None},
+            )
+            progress: Any
+            jsq = getattr(query, "_jsq", None)
+            if jsq is not None:
+                jprogress = jsq.lastProgress()
+                progress = jprogress.json() if jprogress is not None else None
+            else:
+                last = query.lastProgress
+                progress = json.dumps(last) if last else None
+            if progress:
+                events.offer("progress", progress)
+            count += 1
+        except Exception:  # noqa: BLE001
+            health.error("seed")
+    return count

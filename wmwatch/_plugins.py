@@ -1,0 +1,42 @@
+"""The contract between the watch's worker thread and the features that ride on it.
+
+A plugin is told about every event after the core state and history have been updated. All
+``on_*`` methods run on the single worker thread, one event at a time: they must return within a
+few milliseconds (hand anything slower to a thread of their own) and must not raise (the worker
+counts and logs what they raise, and goes on). ``collect`` runs on the HTTP server's thread at
+scrape time and must only read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.core import Metric
+
+from wmwatch._events import QueryIdle, QueryStarted, QueryTerminated
+from wmwatch._progress import ProgressSnapshot
+
+
+class WatchPlugin:
+    """Base class with no-op hooks; override what you need."""
+
+    name = "plugin"
+
+    def on_query_started(self, event: QueryStarted) -> None:
+        """A query run started (also sent for queries already running at attach)."""
+
+    def on_progress(self, snapshot: ProgressSnapshot) -> None:
+        """A batch (or a no-data batch) completed."""
+
+    def on_query_idle(self, event: QueryIdle) -> None:
+        """The query had nothing to do for a while."""
+
+    def on_query_terminated(self, event: QueryTerminated) -> None:
+        """A query run stopped, with or without an exception."""
+
+    def collect(self) -> Iterable[Metric]:
+        """Metric families for the scrape; called from the HTTP thread."""
+        return ()
+
+    def close(self) -> None:
+        """Flush and stop; called once from ``Watch.close``."""

@@ -1,0 +1,342 @@
+"""Parsing of streaming progress documents: the one place where JSON becomes typed snapshots.
+
+Every progress document wmwatch sees (from the listener, from ``query.lastProgress``, from a
+recorded fixture) goes through :func:`parse_progress`. Milliseconds become seconds, ISO-8601
+strings become aware UTC datetimes, and anything missing or malformed becomes ``None`` rather
+than an exception, except the three fields that identify a batch (``id``, ``runId``, ``batchId``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from wmwatch._errors import ProgressParseError
+from wmwatch._redact import redact
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Spark reports the watermark as the epoch until the first one is computed.
+_UNSET_WATERMARK_MS = 0
+_MAX_LABEL_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorProgress:
+    """One stateful operator's numbers for one batch; ``operator_id`` 0 is the most downstream."""
+
+    operator_id: int
+    name: str
+    rows_total: int | None = None
+    rows_updated: int | None = None
+    rows_removed: int | None = None
+    rows_dropped_by_watermark: int | None = None
+    memory_used_bytes: int | None = None
+    shuffle_partitions: int | None = None
+    state_store_instances: int | None = None
+    custom_metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceProgress:
+    """One source's numbers for one batch; ``index`` matches the checkpoint's ``sources/<index>``."""
+
+    index: int
+    description: str
+    start_offset: str | None = None
+    end_offset: str | None = None
+    latest_offset: str | None = None
+    input_rows: int | None = None
+    input_rows_per_second: float | None = None
+    processed_rows_per_second: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressSnapshot:
+    """Everything wmwatch uses from one ``StreamingQueryProgress``."""
+
+    query_id: str
+    run_id: str
+    name: str | None
+    batch_id: int
+    timestamp_at: datetime | None
+    batch_duration_seconds: float | None
+    durations_seconds: Mapping[str, float]
+    watermark_at: datetime | None
+    event_time_max_at: datetime | None
+    event_time_min_at: datetime | None
+    event_time_avg_at: datetime | None
+    input_rows: int | None
+    input_rows_per_second: float | None
+    processed_rows_per_second: float | None
+    operators: tuple[OperatorProgress, ...]
+    sources: tuple[SourceProgress, ...]
+    sink_description: str | None
+    sink_output_rows: int | None
+    raw_json: str
+
+    @property
+    def label(self) -> str:
+        """The ``query`` label: the query's name, or its id when it has none."""
+        return query_label(self.name, self.query_id)
+
+    @property
+    def has_watermark(self) -> bool:
+        """True once Spark has computed a watermark (it reports the epoch before that)."""
+        return self.watermark_at is not None and self.watermark_at != EPOCH
+
+    @property
+    def watermark_lag_seconds(self) -> float | None:
+        """Batch time minus watermark: how far the watermark trails the clock."""
+        if not self.has_watermark or self.timestamp_at is None:
+            return None
+        return _seconds_between(self.timestamp_at, self.watermark_at)
+
+    @property
+    def event_time_delay_seconds(self) -> float | None:
+        """Event-time max minus watermark: the delay the watermark currently allows."""
+        if not self.has_watermark or self.event_time_max_at is None:
+            return None
+        return _seconds_between(self.event_time_max_at, self.watermark_at)
+
+    @property
+    def event_time_spread_seconds(self) -> float | None:
+        """Event-time max minus min within the batch (input rows, late ones included)."""
+        if self.event_time_max_at is None or self.event_time_min_at is None:
+            return None
+        return _seconds_between(self.event_time_max_at, self.event_time_min_at)
+
+    @property
+    def rows_dropped_by_watermark(self) -> int:
+        """Sum over operators; for aggregations Spark counts late groups, not rows."""
+        return sum(op.rows_dropped_by_watermark or 0 for op in self.operators)
+
+    @property
+    def state_rows_total(self) -> int:
+        return sum(op.rows_total or 0 for op in self.operators)
+
+    @property
+    def state_memory_bytes(self) -> int:
+        return sum(op.memory_used_bytes or 0 for op in self.operators)
+
+    @property
+    def is_no_data_batch(self) -> bool:
+        return not self.input_rows and self.event_time_max_at is None
+
+
+def query_label(name: str | None, query_id: str) -> str:
+    """The value of the ``query`` label: the name (bounded, redacted) or the id."""
+    if name:
+        return redact(name)[:_MAX_LABEL_CHARS]
+    return query_id
+
+
+def parse_progress(raw: str | bytes | Mapping[str, Any]) -> ProgressSnapshot:
+    """Parse one progress document (JSON text or an already decoded mapping).
+
+    Raises :class:`ProgressParseError` when the document is not a JSON object or lacks
+    ``id``, ``runId`` or ``batchId``; every other field is optional.
+    """
+    if isinstance(raw, Mapping):
+        doc: Any = raw
+        raw_json = _dumps(raw)
+    else:
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        try:
+            doc = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise ProgressParseError(f"progress is not valid JSON ({exc.__class__.__name__})") from None
+        raw_json = text
+    if not isinstance(doc, Mapping):
+        raise ProgressParseError("progress is not a JSON object")
+
+    query_id = _as_str(doc.get("id"))
+    run_id = _as_str(doc.get("runId"))
+    batch_id = _as_int(doc.get("batchId"))
+    if not query_id or not run_id or batch_id is None or batch_id < 0:
+        raise ProgressParseError("progress lacks id, runId or batchId")
+
+    event_time = doc.get("eventTime")
+    if not isinstance(event_time, Mapping):
+        event_time = {}
+    durations = doc.get("durationMs")
+    durations_seconds: dict[str, float] = {}
+    if isinstance(durations, Mapping):
+        for key, value in durations.items():
+            ms = _as_float(value)
+            if ms is not None and ms >= 0:
+                durations_seconds[str(key)] = ms / 1000.0
+    batch_duration_ms = _as_float(doc.get("batchDuration"))
+    sink = doc.get("sink") if isinstance(doc.get("sink"), Mapping) else {}
+    sink_rows = _as_int(sink.get("numOutputRows"))
+
+    return ProgressSnapshot(
+        query_id=query_id,
+        run_id=run_id,
+        name=_as_str(doc.get("name")) or None,
+        batch_id=batch_id,
+        timestamp_at=parse_timestamp(doc.get("timestamp")),
+        batch_duration_seconds=(
+            batch_duration_ms / 1000.0 if batch_duration_ms is not None and batch_duration_ms >= 0 else None
+        ),
+        durations_seconds=durations_seconds,
+        watermark_at=parse_timestamp(event_time.get("watermark")),
+        event_time_max_at=parse_timestamp(event_time.get("max")),
+        event_time_min_at=parse_timestamp(event_time.get("min")),
+        event_time_avg_at=parse_timestamp(event_time.get("avg")),
+        input_rows=_as_nonneg_int(doc.get("numInputRows")),
+        input_rows_per_second=_as_nonneg_float(doc.get("inputRowsPerSecond")),
+        processed_rows_per_second=_as_nonneg_float(doc.get("processedRowsPerSecond")),
+        operators=_parse_operators(doc.get("stateOperators")),
+        sources=_parse_sources(doc.get("sources")),
+        sink_description=redact(_as_str(sink.get("description")) or "") or None,
+        sink_output_rows=sink_rows if sink_rows is not None and sink_rows >= 0 else None,
+        raw_json=redact(raw_json),
+    )
+
+
+def parse_timestamp(value: Any) -> datetime | None:
+    """Parse Spark's ISO-8601 UTC timestamps (``2026-01-01T00:00:00.000Z``); ``None`` if invalid."""
+    if not isinstance(value, str) or not value:
+        return None
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def to_epoch_seconds(value: datetime | None) -> float | None:
+    if value is None:
+        return None
+    return value.timestamp()
+
+
+def _seconds_between(later: datetime | None, earlier: datetime | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return (later - earlier).total_seconds()
+
+
+def _parse_operators(value: Any) -> tuple[OperatorProgress, ...]:
+    if not isinstance(value, list):
+        return ()
+    operators = []
+    for index, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            continue
+        custom = item.get("customMetrics")
+        custom_metrics: dict[str, float] = {}
+        if isinstance(custom, Mapping):
+            for key, metric in custom.items():
+                number = _as_float(metric)
+                if number is not None:
+                    custom_metrics[str(key)] = number
+        operators.append(
+            OperatorProgress(
+                operator_id=index,
+                name=(_as_str(item.get("operatorName")) or "unknown")[:_MAX_LABEL_CHARS],
+                rows_total=_as_nonneg_int(item.get("numRowsTotal")),
+                rows_updated=_as_nonneg_int(item.get("numRowsUpdated")),
+                rows_removed=_as_nonneg_int(item.get("numRowsRemoved")),
+                rows_dropped_by_watermark=_as_nonneg_int(item.get("numRowsDroppedByWatermark")),
+                memory_used_bytes=_as_nonneg_int(item.get("memoryUsedBytes")),
+                shuffle_partitions=_as_nonneg_int(item.get("numShufflePartitions")),
+                state_store_instances=_as_nonneg_int(item.get("numStateStoreInstances")),
+                custom_metrics=custom_metrics,
+            )
+        )
+    return tuple(operators)
+
+
+def _parse_sources(value: Any) -> tuple[SourceProgress, ...]:
+    if not isinstance(value, list):
+        return ()
+    sources = []
+    for index, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            continue
+        sources.append(
+            SourceProgress(
+                index=index,
+                description=redact(_as_str(item.get("description")) or "")[:1000],
+                start_offset=_offset(item.get("startOffset")),
+                end_offset=_offset(item.get("endOffset")),
+                latest_offset=_offset(item.get("latestOffset")),
+                input_rows=_as_nonneg_int(item.get("numInputRows")),
+                input_rows_per_second=_as_nonneg_float(item.get("inputRowsPerSecond")),
+                processed_rows_per_second=_as_nonneg_float(item.get("processedRowsPerSecond")),
+            )
+        )
+    return tuple(sources)
+
+
+def _offset(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return redact(value)
+    return redact(_dumps(value))
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, default=str, allow_nan=False)
+    except (ValueError, TypeError):
+        return json.dumps(str(value))
+
+
+def _as_str(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return str(value)
+    return None
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+    else:
+        return None
+    if math.isnan(number) or math.isinf(number):
+        return None
+    return number
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    number = _as_float(value)
+    if number is None or not number.is_integer():
+        return None
+    return int(number)
+
+
+def _as_nonneg_int(value: Any) -> int | None:
+    number = _as_int(value)
+    return number if number is not None and number >= 0 else None
+
+
+def _as_nonneg_float(value: Any) -> float | None:
+    number = _as_float(value)
+    return number if number is not None and number >= 0 else None

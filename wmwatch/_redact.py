@@ -1,0 +1,25 @@
+"""Redaction of credentials in paths and source descriptions before they are stored or exported."""
+
+from __future__ import annotations
+
+import re
+
+# scheme://user:secret@host  ->  scheme://***@host
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/@\s\]\[]+)@")
+# key=value pairs whose key names a secret (query strings, option maps, JDBC URLs)
+_SECRET_PAIR = re.compile(
+    r"(?P<key>(?:password|passwd|pwd|secret|token|access[_.\-]?key|secret[_.\-]?key|"
+    r"session[_.\-]?token|api[_.\-]?key|sas|sig|credential)s?)"
+    r"(?P<sep>\s*[=:]\s*)(?P<value>[^\s,;&\]\)}\"']+)",
+    re.IGNORECASE,
+)
+
+REDACTED = "***"
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with URL credentials and secret-looking ``key=value`` pairs masked."""
+    if not text:
+        return text
+    text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+    return _SECRET_PAIR.sub(lambda m: f"{m.group('key')}{m.group('sep')}{REDACTED}", text)

@@ -1,0 +1,164 @@
+"""The DuckDB history schema and its migrations.
+
+The schema is versioned in ``wmwatch_schema``. Migrations are append-only: version N is applied
+once, in a transaction, to a database at version N-1. A database written by a newer wmwatch than
+this one is refused with a clear error instead of being read wrongly. The README documents every
+table; keep both in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    description: str
+    statements: Sequence[str]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "queries, batches, operators, sources, late_rows, audit_batches, findings",
+        (
+            """
+            CREATE TABLE IF NOT EXISTS queries (
+                query_id        VARCHAR NOT NULL,
+                run_id          VARCHAR NOT NULL,
+                query_name      VARCHAR,
+                status          VARCHAR NOT NULL,      -- active | terminated | failed
+                started_at      TIMESTAMPTZ,
+                terminated_at   TIMESTAMPTZ,
+                exception       VARCHAR,
+                error_class     VARCHAR,
+                last_batch_id   BIGINT,
+                last_progress_at TIMESTAMPTZ,
+                PRIMARY KEY (query_id, run_id)
+            )
+            """,
+            """
+            CREATE TABLE IF NOT EXISTS batches (
+                query_id            VARCHAR NOT NULL,
+                batch_id            BIGINT NOT NULL,
+                run_id              VARCHAR NOT NULL,
+                query_name          VARCHAR,
+                batch_at            TIMESTAMPTZ,        -- trigger start (progress "timestamp")
+                watermark_at        TIMESTAMPTZ,        -- watermark computed for this batch
+                late_watermark_at   TIMESTAMPTZ,        -- watermark the late-row filter used: the previous batch's
+                event_time_max_at   TIMESTAMPTZ,
+                event_time_min_at   TIMESTAMPTZ,
+                event_time_avg_at   TIMESTAMPTZ,
+                watermark_lag_seconds   DOUBLE,         -- batch_at - watermark_at
+                event_time_delay_seconds DOUBLE,        -- event_time_max_at - watermark_at
+                input_rows          BIGINT,
+                input_rows_per_second     DOUBLE,
+                processed_rows_per_second DOUBLE,
+                batch_duration_seconds    DOUBLE,
+                durations_seconds   JSON,               -- {"addBatch": 0.12, "getBatch": 0.01, ...}
+                rows_dropped_by_watermark BIGINT,       -- sum over operators (groups for aggregations)
+                state_rows_total    BIGINT,
+                state_memory_bytes  BIGINT,
+                sink_output_rows    BIGINT,
+                progress_json       JSON,
+                recorded_at         TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (query_id, batch_id)
+            )
+            """,
+            """
+            CREATE TABLE IF NOT EXISTS operators (
+                query_id        VARCHAR NOT NULL,
+                batch_id        BIGINT NOT NULL,
+                operator_id     INTEGER NOT NULL,       -- index in stateOperators; 0 is the most downstream
+                operator_name   VARCHAR,
+                rows_total      BIGINT,
+                rows_updated    BIGINT,
+                rows_removed    BIGINT,
+                rows_dropped_by_watermark BIGINT,
+                memory_used_bytes BIGINT,
+                shuffle_partitions INTEGER,
+                state_store_instances INTEGER,
+                custom_metrics  JSON,
+                PRIMARY KEY (query_id, batch_id, operator_id)
+            )
+            """,
+            """
+            CREATE TABLE IF NOT EXISTS sources (
+                query_id        VARCHAR NOT NULL,
+                batch_id        BIGINT NOT NULL,
+                source_index    INTEGER NOT NULL,       -- matches the checkpoint's sources/<index>
+                description     VARCHAR,
+                start_offset    VARCHAR,
+                end_offset      VARCHAR,
+                input_rows      BIGINT,
+                input_rows_per_second     DOUBLE,
+                processed_rows_per_second DOUBLE,
+                PRIMARY KEY (query_id, batch_id, source_index)
+            )
+            """,
+            """
+            CREATE TABLE IF NOT EXISTS late_rows (
+                query_id        VARCHAR NOT NULL,
+                query_name      VARCHAR,
+                run_id          VARCHAR,
+                batch_id        BIGINT NOT NULL,        -- production batch that dropped the row
+                event_time_at   TIMESTAMPTZ,
+                watermark_at    TIMESTAMPTZ,            -- the late-row watermark that dropped it
+                lateness_seconds DOUBLE,                -- watermark_at - event_time_at
+                window_start_at TIMESTAMPTZ,            -- windowed aggregations: the window it missed
+                window_end_at   TIMESTAMPTZ,
+                operator_kind   VARCHAR,                -- window | dedupe | dedupe_within_watermark
+                source_file     VARCHAR,
+                row_data        JSON,                   -- the row's own columns (allow-listed, hashed)
+                audited_at      TIMESTAMPTZ NOT NULL
+            )
+            """,
+            "CREATE INDEX IF NOT EXISTS late_rows_batch ON late_rows (query_id, batch_id)",
+            """
+            CREATE TABLE IF NOT EXISTS audit_batches (
+                query_id        VARCHAR NOT NULL,
+                batch_id        BIGINT NOT NULL,
+                run_id          VARCHAR,
+                late_watermark_at TIMESTAMPTZ,
+                late_rows       BIGINT NOT NULL,
+                sink            VARCHAR NOT NULL,       -- duckdb | parquet
+                location        VARCHAR,                -- parquet directory of this batch, if any
+                audited_at      TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (query_id, batch_id)
+            )
+            """,
+            """
+            CREATE TABLE IF NOT EXISTS findings (
+                finding_id      VARCHAR PRIMARY KEY,    -- stable: query, operator, side and kind
+                query_id        VARCHAR NOT NULL,
+                query_name      VARCHAR,
+                operator_id     INTEGER,
+                side            VARCHAR,                -- left | right | NULL
+                kind            VARCHAR NOT NULL,       -- join_state_unbounded, watermark_stalled, ...
+                severity        VARCHAR NOT NULL,       -- warning | critical
+                status          VARCHAR NOT NULL,       -- active | resolved
+                message         VARCHAR NOT NULL,
+                evidence        JSON,
+                fix             VARCHAR,
+                first_seen_at   TIMESTAMPTZ NOT NULL,
+                last_seen_at    TIMESTAMPTZ NOT NULL,
+                first_batch_id  BIGINT,
+                last_batch_id   BIGINT,
+                occurrences     BIGINT NOT NULL DEFAULT 1
+            )
+            """,
+        ),
+    ),
+)
+
+LATEST_VERSION = MIGRATIONS[-1].version
+
+VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS wmwatch_schema (
+    version     INTEGER NOT NULL,
+    description VARCHAR,
+    applied_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+)
+"""

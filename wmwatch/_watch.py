@@ -1,0 +1,388 @@
+"""``attach`` and the ``Watch`` handle: wiring listener, worker, state, store, metrics and plugins.
+
+One worker thread owns every update: it takes raw events off the bounded queue, parses them once,
+updates the query book (what /metrics shows), hands history to the store's writer thread and
+tells the plugins. Nothing here ever raises into Spark; setup problems (port in use, unusable db)
+either raise (``strict=True``) or are logged once at ERROR and leave wmwatch running degraded, so
+a monitoring mistake never takes the watched job down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from wmwatch._collector import WatchCollector
+from wmwatch._errors import ConfigError, ProgressParseError, WmwatchError
+from wmwatch._events import parse_idle, parse_started, parse_terminated
+from wmwatch._exporter import MetricsServer, serve_metrics
+from wmwatch._health import Health
+from wmwatch._listener import EventQueue, ListenerRegistration, RawEvent, seed_active_queries
+from wmwatch._plugins import WatchPlugin
+from wmwatch._progress import ProgressSnapshot, parse_progress
+from wmwatch._state import QueryBook, QueryState
+
+log = logging.getLogger("wmwatch")
+
+DEFAULT_METRICS_ADDR = "127.0.0.1"
+
+
+class Watch:
+    """A running wmwatch attached to one SparkSession. Use as a context manager or call ``close``."""
+
+    def __init__(
+        self,
+        spark: Any,
+        *,
+        db: str | os.PathLike[str] | None,
+        metrics_port: int | None,
+        metrics_addr: str | None,
+        registry: CollectorRegistry | None,
+        metrics_certfile: str | None,
+        metrics_keyfile: str | None,
+        metrics_basic_auth: tuple[str, str] | None,
+        strict: bool,
+        queue_capacity: int,
+        forget_after_seconds: float,
+        retention_days: float | None,
+        listener: str,
+        plugins: Iterable[WatchPlugin],
+        inspect_plans: bool,
+        state_budget_bytes: int | None,
+        pushgateway: str | None,
+        push_job: str,
+    ) -> None:
+        if queue_capacity < 1:
+            raise ConfigError("queue_capacity must be at least 1")
+        self.spark = spark
+        self.health = Health()
+        self.book = QueryBook(forget_after_seconds=forget_after_seconds)
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
+        self.problems: list[str] = []
+        self._strict = strict
+        self._plugins: list[WatchPlugin] = []
+        self._plugins_lock = threading.Lock()
+        self._events = EventQueue(queue_capacity, self.health)
+        self._closed = False
+        self._stop = threading.Event()
+        self._idle = threading.Condition()
+        self._in_flight = 0
+
+        self.store: Any = None
+        if db is not None:
+            self.store = self._open_store(db, retention_days)
+
+        self._collector = WatchCollector(
+            self.book,
+            self.health,
+            queue_size=self._events.size,
+            queue_capacity=queue_capacity,
+            store_health=(lambda: self.store.health) if self.store is not None else None,
+            plugins=self.plugins,
+        )
+        self.registry.register(self._collector)
+
+        self.metrics_server: MetricsServer | None = None
+        if metrics_port:
+            addr = metrics_addr or os.environ.get("WMWATCH_METRICS_ADDR") or DEFAULT_METRICS_ADDR
+            try:
+                self.metrics_server = serve_metrics(
+                    self.registry,
+                    port=metrics_port,
+                    addr=addr,
+                    certfile=metrics_certfile,
+                    keyfile=metrics_keyfile,
+                    basic_auth=metrics_basic_auth,
+                )
+                self.health.metrics_server_up = True
+            except WmwatchError as exc:
+                self._problem(exc)
+
+        for plugin in self._default_plugins(inspect_plans, state_budget_bytes, pushgateway, push_job):
+            self.add_plugin(plugin)
+        for plugin in plugins:
+            self.add_plugin(plugin)
+
+        self._worker = threading.Thread(target=self._run, name="wmwatch-worker", daemon=True)
+        self._worker.start()
+        self._registration = ListenerRegistration(spark, self._events, self.health, mode=listener)
+        seeded = seed_active_queries(spark, self._events, self.health)
+        if seeded:
+            log.info("wmwatch: watching %d query(ies) that were already running", seeded)
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def _problem(self, error: WmwatchError) -> None:
+        if self._strict:
+            self._teardown_partial()
+            raise error
+        self.problems.append(str(error))
+        log.error("wmwatch: %s (continuing without it; pass strict=True to fail instead)", error)
+
+    def _teardown_partial(self) -> None:
+        if self.store is not None:
+            try:
+                self.store.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _open_store(self, db: str | os.PathLike[str], retention_days: float | None) -> Any:
+        from wmwatch._store import HistoryStore
+
+        try:
+            store = HistoryStore(Path(db), retention_days=retention_days)
+        except WmwatchError as exc:
+            if self._strict:
+                raise
+            self._problem(exc)
+            return None
+        recovered = getattr(store, "recovered", None)
+        if recovered:
+            log.info("wmwatch: history %s opened: %s", db, recovered)
+        store.start()
+        return store
+
+    def _default_plugins(
+        self,
+        inspect_plans: bool,
+        state_budget_bytes: int | None,
+        pushgateway: str | None,
+        push_job: str,
+    ) -> list[WatchPlugin]:
+        plugins: list[WatchPlugin] = []
+        if inspect_plans:
+            try:
+                from wmwatch._plan import PlanPlugin
+            except ImportError:
+                PlanPlugin = None  # type: ignore[assignment,misc]  # noqa: N806
+            if PlanPlugin is not None:
+                plugins.append(PlanPlugin(self, state_budget_bytes=state_budget_bytes))
+        if pushgateway:
+            from wmwatch._push import PushPlugin
+
+            plugins.append(PushPlugin(self, pushgateway, job=push_job))
+        return plugins
+
+    # -- public surface ----------------------------------------------------------------------
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where /metrics is served, or None when there is no endpoint."""
+        return self.metrics_server.url if self.metrics_server is not None else None
+
+    def plugins(self) -> list[WatchPlugin]:
+        with self._plugins_lock:
+            return list(self._plugins)
+
+    def add_plugin(self, plugin: WatchPlugin) -> None:
+        """Register a plugin: it is told about every later event and scraped with the rest."""
+        with self._plugins_lock:
+            self._plugins.append(plugin)
+
+    def remove_plugin(self, plugin: WatchPlugin) -> None:
+        with self._plugins_lock:
+            if plugin in self._plugins:
+                self._plugins.remove(plugin)
+
+    def get_query(self, query_id: str) -> Any:
+        """The running ``StreamingQuery`` with this id, or None."""
+        try:
+            return self.spark.streams.get(query_id)
+        except Exception:  # noqa: BLE001
+            return None
+
+    def latest(self, query: str) -> ProgressSnapshot | None:
+        """The last progress seen for a query (by name or id)."""
+        state = self.book.get(query)
+        return state.latest if state is not None else None
+
+    def queries(self) -> list[QueryState]:
+        """Copies of the state of every query being watched."""
+        return self.book.snapshot()
+
+    def audit(self, query: Any, events: Any, **options: Any) -> Any:
+        """Divert the rows ``query`` drops behind its watermark into the audit table.
+
+        See :func:`wmwatch._audit.start_audit` for the options.
+        """
+        from wmwatch._audit import start_audit
+
+        return start_audit(self, query, events, **options)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every event received so far is handled and written; True if it was."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._events.size() or self._in_flight:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._worker.is_alive():
+                    return False
+                self._idle.wait(min(remaining, 0.05))
+        if self.store is not None:
+            return bool(self.store.flush(timeout=max(0.1, deadline - time.monotonic())))
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop listening, handle what is queued, flush the history and stop the endpoint."""
+        if self._closed:
+            return
+        self._closed = True
+        self._registration.remove()
+        self.flush(timeout=timeout)
+        self._stop.set()
+        self._worker.join(timeout=timeout)
+        for plugin in self.plugins():
+            try:
+                plugin.close()
+            except Exception:  # noqa: BLE001
+                log.exception("wmwatch: plugin %s failed to close", plugin.name)
+        if self.store is not None:
+            self.store.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.health.metrics_server_up = False
+        try:
+            self.registry.unregister(self._collector)
+        except KeyError:
+            pass
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- the worker --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            event = self._events.get(timeout=0.1)
+            if event is None:
+                if self._stop.is_set():
+                    return
+                continue
+            with self._idle:
+                self._in_flight += 1
+            started = time.perf_counter()
+            try:
+                self._handle(event)
+                self.health.count(self.health.processed, event.kind)
+            except ProgressParseError as exc:
+                self.health.error(f"parse:{event.kind}")
+                log.warning("wmwatch: ignoring a malformed %s event: %s", event.kind, exc)
+            except Exception:  # noqa: BLE001 - the worker must survive anything
+                self.health.error(f"handle:{event.kind}")
+                log.exception("wmwatch: failed to handle a %s event", event.kind)
+            finally:
+                self.health.observe_handling(time.perf_counter() - started)
+                with self._idle:
+                    self._in_flight -= 1
+                    self._idle.notify_all()
+
+    def _handle(self, event: RawEvent) -> None:
+        if event.kind == "progress":
+            payload = event.payload
+            if isinstance(payload, str) and payload.startswith('{"progress"'):
+                import json
+
+                payload = json.loads(payload)["progress"]
+            snapshot = parse_progress(payload)
+            late_watermark = self.book.on_progress(snapshot)
+            if self.store is not None:
+                self.store.record_progress(snapshot, late_watermark)
+            self._tell("on_progress", snapshot)
+        elif event.kind == "started":
+            started = parse_started(event.payload)
+            self.book.on_started(started)
+            if self.store is not None:
+                self.store.record_query_started(started)
+            self._tell("on_query_started", started)
+        elif event.kind == "idle":
+            idle = parse_idle(event.payload)
+            self.book.on_idle(idle)
+            self._tell("on_query_idle", idle)
+        elif event.kind == "terminated":
+            terminated = parse_terminated(event.payload)
+            self.book.on_terminated(terminated)
+            if self.store is not None:
+                self.store.record_query_terminated(terminated)
+            if terminated.failed:
+                log.error(
+                    "wmwatch: query %s failed: %s",
+                    terminated.query_id,
+                    (terminated.exception or "").splitlines()[0][:300],
+                )
+            self._tell("on_query_terminated", terminated)
+
+    def _tell(self, hook: str, event: Any) -> None:
+        for plugin in self.plugins():
+            try:
+                getattr(plugin, hook)(event)
+            except Exception:  # noqa: BLE001
+                self.health.error(f"plugin:{plugin.name}")
+                log.exception("wmwatch: plugin %s failed in %s", plugin.name, hook)
+
+
+def attach(
+    spark: Any,
+    db: str | os.PathLike[str] | None = "wmwatch.duckdb",
+    metrics_port: int | None = 9108,
+    *,
+    metrics_addr: str | None = None,
+    registry: CollectorRegistry | None = None,
+    metrics_certfile: str | None = None,
+    metrics_keyfile: str | None = None,
+    metrics_basic_auth: tuple[str, str] | None = None,
+    strict: bool = False,
+    queue_capacity: int = 10_000,
+    forget_after_seconds: float = 600.0,
+    retention_days: float | None = None,
+    listener: str = "auto",
+    plugins: Iterable[WatchPlugin] = (),
+    inspect_plans: bool = True,
+    state_budget_bytes: int | None = None,
+    pushgateway: str | None = None,
+    push_job: str = "wmwatch",
+) -> Watch:
+    """Watch every streaming query of ``spark``, including ones already running.
+
+    ``db``: DuckDB history file (None: no history). ``metrics_port``: /metrics port (0 or None:
+    no endpoint; read the ``registry`` instead). ``metrics_addr``: bind address, default
+    127.0.0.1 or ``$WMWATCH_METRICS_ADDR``; use ``"0.0.0.0"`` for a remote Prometheus.
+    ``strict``: raise on setup problems (port in use, unusable db) instead of logging them and
+    running without that part. ``forget_after_seconds``: how long a stopped query's series stay.
+    ``pushgateway``: ``host:port`` to push to, for jobs that end before a scrape.
+    """
+    return Watch(
+        spark,
+        db=db,
+        metrics_port=metrics_port,
+        metrics_addr=metrics_addr,
+        registry=registry,
+        metrics_certfile=metrics_certfile,
+        metrics_keyfile=metrics_keyfile,
+        metrics_basic_auth=metrics_basic_auth,
+        strict=strict,
+        queue_capacity=queue_capacity,
+        forget_after_seconds=forget_after_seconds,
+        retention_days=retention_days,
+        listener=listener,
+        plugins=plugins,
+        inspect_plans=inspect_plans,
+        state_budget_bytes=state_budget_bytes,
+        pushgateway=pushgateway,
+        push_job=push_job,
+    )
