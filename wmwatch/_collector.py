@@ -133,13 +133,19 @@ class WatchCollector(Collector):
             batch_id.add_metric([q], snap.batch_id)
             if snap.has_watermark:
                 watermark.add_metric([q], to_epoch_seconds(snap.watermark_at) or 0.0)
+            # event-time stats stay at the last batch that had data, so no-data batches
+            # do not make the series flicker
+            data = state.latest_with_data
+            delay_seconds = None
+            if data is not None and snap.has_watermark and data.event_time_max_at is not None:
+                delay_seconds = (data.event_time_max_at - snap.watermark_at).total_seconds()  # type: ignore[operator]
             for family, value in (
-                (ev_max, to_epoch_seconds(snap.event_time_max_at)),
-                (ev_min, to_epoch_seconds(snap.event_time_min_at)),
-                (ev_avg, to_epoch_seconds(snap.event_time_avg_at)),
+                (ev_max, to_epoch_seconds(data.event_time_max_at) if data else None),
+                (ev_min, to_epoch_seconds(data.event_time_min_at) if data else None),
+                (ev_avg, to_epoch_seconds(data.event_time_avg_at) if data else None),
                 (lag, snap.watermark_lag_seconds),
-                (delay, snap.event_time_delay_seconds),
-                (spread, snap.event_time_spread_seconds),
+                (delay, delay_seconds),
+                (spread, data.event_time_spread_seconds if data else None),
                 (batch_rows, snap.input_rows),
                 (in_rate, snap.input_rows_per_second),
                 (proc_rate, snap.processed_rows_per_second),

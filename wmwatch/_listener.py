@@ -61,16 +61,6 @@ class EventQueue:
         return self._queue.qsize()
 
 
-def _unwrap_progress(text: str) -> str:
-    # QueryProgressEvent.json() wraps the progress as {"progress": {...}}; keep only the progress.
-    if text.startswith('{"progress"'):
-        try:
-            return json.dumps(json.loads(text)["progress"])
-        except (ValueError, KeyError, TypeError):
-            return text
-    return text
-
-
 class Py4jListener:
     """The py4j proxy Spark calls for each event (classic PySpark)."""
 
@@ -80,11 +70,8 @@ class Py4jListener:
 
     def _offer_json(self, kind: str, jevent: Any) -> None:
         try:
-            if kind == "progress":
-                payload = jevent.progress().json()
-            else:
-                payload = jevent.json()
-            self._events.offer(kind, payload)
+            # one JVM round trip per event; progress events arrive as {"progress": {...}}
+            self._events.offer(kind, jevent.json())
         except BaseException:  # noqa: BLE001 - must never raise into Spark
             self._health.error(f"receive:{kind}")
 
@@ -101,7 +88,7 @@ class Py4jListener:
         self._offer_json("terminated", jevent)
 
     class Java:
-        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
+        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]  # noqa: RUF012
 
 
 def make_stock_listener(events: EventQueue, health: Health) -> Any:

@@ -26,6 +26,8 @@ class QueryState:
     name: str | None
     status: str = "active"  # active | terminated | failed
     latest: ProgressSnapshot | None = None
+    # the last batch that carried event-time stats (no-data batches only carry the watermark)
+    latest_with_data: ProgressSnapshot | None = None
     started_at: datetime | None = None
     exception: str | None = None
     error_class: str | None = None
@@ -108,6 +110,8 @@ class QueryBook:
                 state.missed_batches_total += max(0, snapshot.batch_id - previous.batch_id - 1)
             if previous is None or snapshot.batch_id >= previous.batch_id:
                 state.latest = snapshot
+                if snapshot.event_time_max_at is not None:
+                    state.latest_with_data = snapshot
             state.last_progress_wall_seconds = self._wall()
             if not is_retry:
                 state.batches_total += 1

@@ -9,6 +9,8 @@ a monitoring mistake never takes the watched job down.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import threading
@@ -129,10 +131,8 @@ class Watch:
 
     def _teardown_partial(self) -> None:
         if self.store is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.store.close()
-            except Exception:  # noqa: BLE001
-                pass
 
     def _open_store(self, db: str | os.PathLike[str], retention_days: float | None) -> Any:
         from wmwatch._store import HistoryStore
@@ -144,9 +144,14 @@ class Watch:
                 raise
             self._problem(exc)
             return None
-        recovered = getattr(store, "recovered", None)
-        if recovered:
-            log.info("wmwatch: history %s opened: %s", db, recovered)
+        history = getattr(store, "history_at_open", ())
+        if history:
+            summary = ", ".join(
+                f"{h.query_name or h.query_id}: {h.batches} batches (last #{h.last_batch_id})"
+                for h in history[:5]
+            )
+            how = "recovered after an unclean stop" if getattr(store, "recovered_after_crash", False) else "opened"
+            log.info("wmwatch: history %s %s with %s", db, how, summary)
         store.start()
         return store
 
@@ -249,10 +254,8 @@ class Watch:
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.health.metrics_server_up = False
-        try:
+        with contextlib.suppress(KeyError):
             self.registry.unregister(self._collector)
-        except KeyError:
-            pass
 
     def __enter__(self) -> Watch:
         return self
@@ -296,9 +299,7 @@ class Watch:
         if event.kind == "progress":
             payload = event.payload
             if isinstance(payload, str) and payload.startswith('{"progress"'):
-                import json
-
-                payload = json.loads(payload)["progress"]
+                payload = _unwrap_progress(payload)
             snapshot = parse_progress(payload)
             late_watermark = self.book.on_progress(snapshot)
             if self.store is not None:
@@ -334,6 +335,17 @@ class Watch:
             except Exception:  # noqa: BLE001
                 self.health.error(f"plugin:{plugin.name}")
                 log.exception("wmwatch: plugin %s failed in %s", plugin.name, hook)
+
+
+def _unwrap_progress(text: str) -> Any:
+    """``QueryProgressEvent.json()`` nests the progress under "progress"."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text  # let the parser report it
+    if isinstance(doc, dict) and isinstance(doc.get("progress"), dict):
+        return doc["progress"]
+    return doc
 
 
 def attach(

@@ -1,0 +1,106 @@
+"""Query book and collector without a JVM: counters, retries, gaps, and forgetting stopped queries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from wmwatch._collector import WatchCollector
+from wmwatch._events import parse_started, parse_terminated
+from wmwatch._health import Health
+from wmwatch._progress import parse_progress
+from wmwatch._state import QueryBook
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def progress(batch: int, *, run: str = "r1", rows: int = 10, dropped: int = 1, wm: str = "2026-01-01T00:00:10.000Z") -> Any:
+    return parse_progress(
+        {
+            "id": "q1", "runId": run, "name": "orders", "batchId": batch,
+            "timestamp": "2026-01-01T00:01:00.000Z", "numInputRows": rows,
+            "eventTime": {"watermark": wm, "max": "2026-01-01T00:00:30.000Z"},
+            "stateOperators": [{"operatorName": "stateStoreSave", "numRowsTotal": 5,
+                                "numRowsDroppedByWatermark": dropped, "numRowsRemoved": 2}],
+        }
+    )
+
+
+def make(clock: Clock) -> tuple[QueryBook, CollectorRegistry]:
+    book = QueryBook(forget_after_seconds=60, monotonic=clock)
+    registry = CollectorRegistry()
+    registry.register(WatchCollector(book, Health(), queue_size=lambda: 0, queue_capacity=10))
+    return book, registry
+
+
+def test_counters_accumulate_and_a_retried_batch_is_not_counted_twice() -> None:
+    book, registry = make(Clock())
+    book.on_started(parse_started({"id": "q1", "runId": "r1", "name": "orders"}))
+    for batch in (0, 1, 1, 2):
+        book.on_progress(progress(batch))
+    labels = {"query": "orders", "operator": "0", "operator_name": "stateStoreSave"}
+    assert registry.get_sample_value("wmwatch_rows_dropped_by_watermark_total", labels) == 3
+    assert registry.get_sample_value("wmwatch_state_rows_removed_total", labels) == 6
+    assert registry.get_sample_value("wmwatch_input_rows_total", {"query": "orders"}) == 30
+    assert registry.get_sample_value("wmwatch_batches_total", {"query": "orders"}) == 3
+
+
+def test_late_watermark_is_the_previous_batch_watermark() -> None:
+    book, _ = make(Clock())
+    assert book.on_progress(progress(0, wm="1970-01-01T00:00:00.000Z")) is None
+    book.on_progress(progress(1, wm="2026-01-01T00:00:10.000Z"))
+    late = book.on_progress(progress(2, wm="2026-01-01T00:00:20.000Z"))
+    assert late is not None and late.isoformat() == "2026-01-01T00:00:10+00:00"
+
+
+def test_missing_progress_events_are_counted() -> None:
+    book, registry = make(Clock())
+    book.on_progress(progress(0))
+    book.on_progress(progress(4))
+    assert registry.get_sample_value("wmwatch_progress_events_missed_total", {"query": "orders"}) == 3
+    book.on_progress(progress(5, run="r2"))  # a new run may start anywhere: not a gap
+    assert registry.get_sample_value("wmwatch_progress_events_missed_total", {"query": "orders"}) == 3
+
+
+def test_stopped_queries_are_kept_for_a_while_then_forgotten() -> None:
+    clock = Clock()
+    book, registry = make(clock)
+    book.on_started(parse_started({"id": "q1", "runId": "r1", "name": "orders"}))
+    book.on_progress(progress(0))
+    book.on_terminated(parse_terminated({"id": "q1", "runId": "r1", "exception": "java.lang.OOM"}))
+    assert registry.get_sample_value("wmwatch_query_up", {"query": "orders"}) == 0
+    assert registry.get_sample_value("wmwatch_query_failed", {"query": "orders"}) == 1
+    clock.now += 61
+    assert registry.get_sample_value("wmwatch_query_up", {"query": "orders"}) is None
+    assert "orders" not in generate_latest(registry).decode()
+
+
+def test_restart_clears_failure_and_continues_counters() -> None:
+    book, registry = make(Clock())
+    book.on_progress(progress(0))
+    book.on_terminated(parse_terminated({"id": "q1", "runId": "r1", "exception": "boom"}))
+    book.on_started(parse_started({"id": "q1", "runId": "r2", "name": "orders"}))
+    book.on_progress(progress(1, run="r2"))
+    assert registry.get_sample_value("wmwatch_query_failed", {"query": "orders"}) == 0
+    assert registry.get_sample_value("wmwatch_input_rows_total", {"query": "orders"}) == 20
+
+
+def test_hostile_query_names_do_not_break_the_exposition() -> None:
+    book, registry = make(Clock())
+    name = 'evil"\n} wmwatch_fake 1\\' + "x" * 1000
+    book.on_progress(parse_progress({"id": "q9", "runId": "r", "batchId": 0, "name": name}))
+    text = generate_latest(registry).decode()
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert "wmwatch_fake" not in families
+    (sample,) = families["wmwatch_query_up"].samples
+    assert sample.labels["query"].startswith('evil"\n} wmwatch_fake')
+    assert len(sample.labels["query"]) == 200

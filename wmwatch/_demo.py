@@ -1,0 +1,221 @@
+"""``wmwatch demo``: a real local streaming query over an out-of-order event stream, watched.
+
+A generator thread lands JSON files in ``<workdir>/in`` every half second. Event times trail
+the clock by a little jitter, and a share of rows arrive 15-90 s late, so the 10-second
+watermark drops some of them. A windowed count runs on a local SparkSession with wmwatch
+attached (metrics on HTTP, history in DuckDB, late rows audited when the audit is available),
+and the report is printed at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("wmwatch")
+
+
+@dataclass
+class DemoResult:
+    db: Path
+    batches: int
+    input_rows: int
+    rows_dropped: int
+    late_rows_audited: int | None
+    metrics_url: str | None
+
+
+class EventGenerator(threading.Thread):
+    """Writes one file of events every ``interval_seconds``; a share of them late."""
+
+    def __init__(self, folder: Path, *, interval_seconds: float = 0.5, rows_per_file: int = 40,
+                 late_share: float = 0.05, seed: int = 7) -> None:
+        super().__init__(name="wmwatch-demo-generator", daemon=True)
+        self.folder = folder
+        self.interval_seconds = interval_seconds
+        self.rows_per_file = rows_per_file
+        self.late_share = late_share
+        self.random = random.Random(seed)
+        self.stop_event = threading.Event()
+        self.files = 0
+        self.rows = 0
+
+    def run(self) -> None:
+        users = [f"user-{i}" for i in range(20)]
+        while not self.stop_event.is_set():
+            now = datetime.now(UTC)
+            lines = []
+            for _ in range(self.rows_per_file):
+                if self.random.random() < self.late_share:
+                    event_time = now - timedelta(seconds=self.random.uniform(15, 90))
+                else:
+                    event_time = now - timedelta(seconds=self.random.uniform(0, 4))
+                lines.append(json.dumps({
+                    "event_time": event_time.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                    "user": self.random.choice(users),
+                    "amount": round(self.random.uniform(1, 200), 2),
+                }))
+            tmp = self.folder.parent / f".part-{self.files:06d}.tmp"
+            tmp.write_text("\n".join(lines) + "\n")
+            os.replace(tmp, self.folder / f"part-{self.files:06d}.json")
+            self.files += 1
+            self.rows += len(lines)
+            self.stop_event.wait(self.interval_seconds)
+
+
+_QUIET_LOG4J = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+logger.abort.name = org.apache.spark.sql.execution.datasources.v2
+logger.abort.level = fatal
+"""
+
+
+def build_session(workdir: Path, app_name: str = "wmwatch-demo") -> Any:
+    """A local session that keeps the terminal for the demo (errors only, no stage bars)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    log4j = workdir / "log4j2.properties"
+    log4j.write_text(_QUIET_LOG4J)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName(app_name)
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.scheduler.mode", "FAIR")
+        .config("spark.sql.adaptive.enabled", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def run_demo(
+    *,
+    duration_seconds: float,
+    metrics_port: int,
+    workdir: Path,
+    console: Any,
+    audit: bool = True,
+) -> DemoResult:
+    """Run the demo query for ``duration_seconds`` and return what it recorded."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    import wmwatch
+
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    incoming = workdir / "in"
+    incoming.mkdir(parents=True)
+    db = workdir / "wmwatch.duckdb"
+
+    console.print("[bold]wmwatch demo[/]: starting a local SparkSession (takes ~10 s) ...")
+    spark = build_session(workdir)
+    from pyspark.sql import functions as F
+
+    generator = EventGenerator(incoming)
+    generator.start()
+    watch = wmwatch.attach(spark, db=str(db), metrics_port=metrics_port)
+    if watch.metrics_url:
+        console.print(f"Prometheus metrics: [cyan]{watch.metrics_url}[/]")
+    for problem in watch.problems:
+        console.print(f"[yellow]note:[/] {problem}")
+    events = (
+        spark.readStream.schema("event_time timestamp, user string, amount double")
+        .option("maxFilesPerTrigger", 20)
+        .json(str(incoming))
+        .withWatermark("event_time", "10 seconds")
+    )
+    totals = events.groupBy(F.window("event_time", "10 seconds"), "user").agg(
+        F.count("*").alias("orders"), F.sum("amount").alias("revenue")
+    )
+    query = (
+        totals.writeStream.outputMode("append")
+        .format("memory")
+        .queryName("demo_revenue_per_user")
+        .option("checkpointLocation", str(workdir / "checkpoint"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    audit_handle = None
+    if audit:
+        try:
+            audit_handle = watch.audit(query, events)
+        except Exception as exc:  # noqa: BLE001 - the demo goes on without the audit
+            console.print(f"[yellow]late-row audit not started:[/] {exc}")
+    try:
+        with Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        ) as progress:
+            task = progress.add_task("streaming", total=duration_seconds, stats="")
+            started = time.monotonic()
+            while (elapsed := time.monotonic() - started) < duration_seconds:
+                if not query.isActive:
+                    break
+                snap = watch.latest("demo_revenue_per_user")
+                state = next((s for s in watch.queries() if s.label == "demo_revenue_per_user"), None)
+                stats = ""
+                if snap is not None and state is not None:
+                    dropped = sum(state.dropped_total.values())
+                    lag = snap.watermark_lag_seconds
+                    stats = (
+                        f"batch {snap.batch_id}  rows {state.input_rows_total}  "
+                        f"dropped {dropped}  lag {lag:.1f}s" if lag is not None
+                        else f"batch {snap.batch_id}  rows {state.input_rows_total}"
+                    )
+                progress.update(task, completed=elapsed, stats=stats)
+                time.sleep(0.5)
+            progress.update(task, completed=duration_seconds)
+    finally:
+        generator.stop_event.set()
+        generator.join(timeout=5)
+        # let the last files finish instead of aborting a batch; a failed query still reports
+        with contextlib.suppress(Exception):
+            query.processAllAvailable()
+        query.stop()
+        late_rows: int | None = None
+        if audit_handle is not None:
+            try:
+                audit_handle.sync(timeout=60)  # audit every batch the query committed
+                audit_handle.stop()
+                late_rows = int(audit_handle.status().get("late_rows", 0))
+            except Exception as exc:  # noqa: BLE001
+                console.print(f"[yellow]audit stop failed:[/] {exc}")
+        state = next((s for s in watch.queries() if s.label == "demo_revenue_per_user"), None)
+        watch.close()
+        spark.stop()
+    return DemoResult(
+        db=db,
+        batches=state.batches_total if state else 0,
+        input_rows=state.input_rows_total if state else 0,
+        rows_dropped=sum(state.dropped_total.values()) if state else 0,
+        late_rows_audited=late_rows,
+        metrics_url=watch.metrics_url,
+    )
