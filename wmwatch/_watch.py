@@ -55,6 +55,7 @@ class Watch:
         queue_capacity: int,
         forget_after_seconds: float,
         retention_days: float | None,
+        db_flush_seconds: float,
         listener: str,
         plugins: Iterable[WatchPlugin],
         inspect_plans: bool,
@@ -80,7 +81,7 @@ class Watch:
 
         self.store: Any = None
         if db is not None:
-            self.store = self._open_store(db, retention_days)
+            self.store = self._open_store(db, retention_days, db_flush_seconds)
 
         self._collector = WatchCollector(
             self.book,
@@ -134,11 +135,15 @@ class Watch:
             with contextlib.suppress(Exception):
                 self.store.close()
 
-    def _open_store(self, db: str | os.PathLike[str], retention_days: float | None) -> Any:
+    def _open_store(
+        self, db: str | os.PathLike[str], retention_days: float | None, db_flush_seconds: float
+    ) -> Any:
         from wmwatch._store import HistoryStore
 
         try:
-            store = HistoryStore(Path(db), retention_days=retention_days)
+            store = HistoryStore(
+                Path(db), retention_days=retention_days, flush_interval_seconds=db_flush_seconds
+            )
         except WmwatchError as exc:
             if self._strict:
                 raise
@@ -362,6 +367,7 @@ def attach(
     queue_capacity: int = 10_000,
     forget_after_seconds: float = 600.0,
     retention_days: float | None = None,
+    db_flush_seconds: float = 2.0,
     listener: str = "auto",
     plugins: Iterable[WatchPlugin] = (),
     inspect_plans: bool = True,
@@ -376,6 +382,8 @@ def attach(
     127.0.0.1 or ``$WMWATCH_METRICS_ADDR``; use ``"0.0.0.0"`` for a remote Prometheus.
     ``strict``: raise on setup problems (port in use, unusable db) instead of logging them and
     running without that part. ``forget_after_seconds``: how long a stopped query's series stay.
+    ``db_flush_seconds``: how often history is written (the file is opened only then, so
+    ``wmwatch report`` can read it in between). ``retention_days``: delete older history.
     ``pushgateway``: ``host:port`` to push to, for jobs that end before a scrape.
     """
     return Watch(
@@ -391,6 +399,7 @@ def attach(
         queue_capacity=queue_capacity,
         forget_after_seconds=forget_after_seconds,
         retention_days=retention_days,
+        db_flush_seconds=db_flush_seconds,
         listener=listener,
         plugins=plugins,
         inspect_plans=inspect_plans,
