@@ -27,6 +27,12 @@ from wmwatch._state import QueryBook, QueryState
 log = logging.getLogger("wmwatch")
 
 Q = ["query"]
+# exported at 0 from the start so rate() and alerts have a series before the first error
+_KNOWN_ERROR_STAGES = tuple(
+    f"{stage}:{kind}"
+    for stage in ("receive", "parse", "handle")
+    for kind in ("started", "progress", "idle", "terminated")
+)
 OP = ["query", "operator", "operator_name"]
 
 
@@ -100,6 +106,10 @@ class WatchCollector(Collector):
         )
         batch_id = _gauge("wmwatch_last_batch_id", "Id of the last batch seen.")
         last_progress = _gauge("wmwatch_last_progress_timestamp_seconds", "When the last progress arrived (Unix seconds).")
+        last_event = _gauge(
+            "wmwatch_last_event_timestamp_seconds",
+            "When the query last reported anything, progress or idle (Unix seconds).",
+        )
         dropped = _counter(
             "wmwatch_rows_dropped_by_watermark",
             "Rows dropped by watermark per stateful operator (late groups, for aggregations).",
@@ -123,6 +133,9 @@ class WatchCollector(Collector):
             input_total.add_metric([q], state.input_rows_total)
             if state.last_progress_wall_seconds is not None:
                 last_progress.add_metric([q], state.last_progress_wall_seconds)
+            heard = [t for t in (state.last_progress_wall_seconds, state.last_idle_wall_seconds) if t]
+            if heard:
+                last_event.add_metric([q], max(heard))
             for (op_id, op_name), value in state.dropped_total.items():
                 dropped.add_metric([q, str(op_id), op_name], value)
             for (op_id, op_name), value in state.removed_total.items():
@@ -170,7 +183,7 @@ class WatchCollector(Collector):
                 )
         yield from (
             info, up, failed, watermark, ev_max, ev_min, ev_avg, lag, delay, spread, input_total,
-            batch_rows, in_rate, proc_rate, duration, phases, batches, missed, batch_id, last_progress,
+            batch_rows, in_rate, proc_rate, duration, phases, batches, missed, batch_id, last_progress, last_event,
             dropped, state_rows, state_updated, state_removed, state_mem, src_rows,
         )  # fmt: skip
 
@@ -188,7 +201,9 @@ class WatchCollector(Collector):
             received.add_metric([kind], h["received"].get(kind, 0))  # type: ignore[attr-defined]
             dropped.add_metric([kind], h["dropped"].get(kind, 0))  # type: ignore[attr-defined]
             processed.add_metric([kind], h["processed"].get(kind, 0))  # type: ignore[attr-defined]
-        for stage, value in sorted(h["errors"].items()):  # type: ignore[attr-defined]
+        stages = dict.fromkeys(_KNOWN_ERROR_STAGES, 0)
+        stages.update(h["errors"])  # type: ignore[call-overload]
+        for stage, value in sorted(stages.items()):
             errors.add_metric([stage], value)
         yield from (received, dropped, processed, errors)
 

@@ -1,0 +1,232 @@
+"""Pushgateway mode against real HTTP receivers on loopback: a recording WSGI server (to count and
+time pushes) and the Debian Pushgateway (to prove it accepts and keeps what wmwatch pushes)."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers import free_port, write_events
+from tests.prom_servers import pushgateway, recorder
+from wmwatch._collector import WatchCollector
+from wmwatch._errors import ConfigError
+from wmwatch._events import parse_started, parse_terminated
+from wmwatch._health import Health
+from wmwatch._progress import parse_progress
+from wmwatch._push import PushPlugin
+from wmwatch._state import QueryBook
+
+
+def progress(batch: int) -> Any:
+    return parse_progress(
+        {
+            "id": "q1", "runId": "r1", "name": "orders", "batchId": batch,
+            "timestamp": "2026-01-01T00:01:00.000Z", "numInputRows": 10,
+            "eventTime": {"watermark": f"2026-01-01T00:00:{batch % 60:02d}.000Z",
+                          "max": "2026-01-01T00:00:59.000Z"},
+            "stateOperators": [{"operatorName": "stateStoreSave", "numRowsTotal": 5,
+                                "numRowsDroppedByWatermark": 1}],
+        }
+    )  # fmt: skip
+
+
+def watched_registry() -> tuple[QueryBook, CollectorRegistry]:
+    book = QueryBook()
+    registry = CollectorRegistry()
+    registry.register(WatchCollector(book, Health(), queue_size=lambda: 0, queue_capacity=10))
+    return book, registry
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def wait_for(condition: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def test_pushes_are_rate_limited_then_immediate_at_termination_and_close() -> None:
+    book, registry = watched_registry()
+    with recorder() as gateway:
+        plugin = PushPlugin(registry, gateway.url, job="backfill", min_interval_seconds=0.5)
+        # registered like the watch does, so each push carries the push counters too
+        registry.register(_PluginCollector(plugin))
+        started = parse_started({"id": "q1", "runId": "r1", "name": "orders"})
+        book.on_started(started)
+        plugin.on_query_started(started)
+        begin = time.monotonic()
+        slowest_hook_seconds = 0.0
+        for batch in range(20):
+            snapshot = progress(batch)
+            book.on_progress(snapshot)
+            t0 = time.perf_counter()
+            plugin.on_progress(snapshot)
+            slowest_hook_seconds = max(slowest_hook_seconds, time.perf_counter() - t0)
+            time.sleep(0.05)
+        elapsed = time.monotonic() - begin
+        wait_for(lambda: len(gateway.pushes()) >= 2)
+        during_batches = len(gateway.pushes())
+        # one push at the first event, then at most one per 0.5 s
+        assert 2 <= during_batches <= 2 + int(elapsed / 0.5), (during_batches, elapsed)
+        assert slowest_hook_seconds < 0.005
+
+        ended = parse_terminated({"id": "q1", "runId": "r1"})
+        book.on_terminated(ended)
+        asked = time.monotonic()
+        plugin.on_query_terminated(ended)
+        wait_for(lambda: len(gateway.pushes()) > during_batches, timeout=2.0)
+        termination_push = gateway.pushes()[during_batches]
+        # not held back by the rate limit
+        assert termination_push.at_monotonic - asked < 0.4
+        plugin.close()
+        pushes = gateway.pushes()
+
+    assert len(pushes) == during_batches + 2
+    assert {p.method for p in pushes} == {"PUT"}
+    assert {p.path for p in pushes} == {"/metrics/job/backfill"}
+    final = samples(pushes[-1].body)
+    assert final[("wmwatch_query_up", (("query", "orders"),))] == 0
+    assert final[("wmwatch_batches_total", (("query", "orders"),))] == 20
+    assert final[("wmwatch_watermark_seconds", (("query", "orders"),))] == pytest.approx(
+        1767225619.0
+    )
+    assert final[("wmwatch_pushes_total", ())] == during_batches + 1
+
+
+class _PluginCollector:
+    """The watch scrapes plugins through its collector; this does the same for one plugin."""
+
+    def __init__(self, plugin: PushPlugin) -> None:
+        self._plugin = plugin
+
+    def collect(self) -> Any:
+        return self._plugin.collect()
+
+
+def test_real_pushgateway_keeps_the_final_values(tmp_path: Path) -> None:
+    book, registry = watched_registry()
+    with pushgateway(tmp_path) as url:
+        plugin = PushPlugin(
+            registry,
+            url.removeprefix("http://"),
+            job="nightly",
+            grouping_key={"instance": "driver-1"},
+        )
+        snapshot = progress(7)
+        book.on_progress(snapshot)
+        plugin.on_progress(snapshot)
+        plugin.close()
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+            kept = samples(response.read().decode())
+    group = (("instance", "driver-1"), ("job", "nightly"))
+    assert kept[("wmwatch_watermark_seconds", (*group, ("query", "orders")))] == (
+        pytest.approx(1767225607.0)
+    )
+    assert kept[("wmwatch_rows_dropped_by_watermark_total", (
+        ("instance", "driver-1"), ("job", "nightly"), ("operator", "0"),
+        ("operator_name", "stateStoreSave"), ("query", "orders"),
+    ))] == 1  # fmt: skip
+    assert kept[("push_failure_time_seconds", group)] == 0
+    assert kept[("push_time_seconds", group)] > 0
+    assert plugin.pushes_total >= 1 and plugin.push_errors_total == 0
+
+
+def test_an_unreachable_gateway_is_counted_and_never_blocks() -> None:
+    _, registry = watched_registry()
+    plugin = PushPlugin(registry, f"127.0.0.1:{free_port()}", job="j", min_interval_seconds=0.1)
+    t0 = time.perf_counter()
+    for batch in range(5):
+        plugin.on_progress(progress(batch))
+    assert time.perf_counter() - t0 < 0.01
+    wait_for(lambda: plugin.push_errors_total >= 1)
+    t1 = time.monotonic()
+    plugin.close()
+    assert time.monotonic() - t1 < 3
+    errors = {m.name: m.samples[0].value for m in plugin.collect()}
+    assert errors["wmwatch_push_errors"] >= 2  # the batches' and the final push
+    assert errors["wmwatch_pushes"] == 0
+    assert plugin.last_error is not None
+
+
+def test_a_slow_gateway_does_not_delay_the_worker() -> None:
+    _, registry = watched_registry()
+    with recorder(delay_seconds=1.0) as gateway:
+        plugin = PushPlugin(registry, gateway.url, job="j", min_interval_seconds=0.0)
+        plugin.on_progress(progress(0))
+        time.sleep(0.2)  # the first push is now waiting on the gateway
+        t0 = time.perf_counter()
+        for batch in range(1, 10):
+            plugin.on_progress(progress(batch))
+            plugin.on_query_terminated(parse_terminated({"id": "q1", "runId": "r1"}))
+        assert time.perf_counter() - t0 < 0.02
+        plugin.close()
+        # what queued up behind the slow push is covered by the one final push
+        assert len(gateway.pushes()) == 2
+        assert plugin.pushes_total == 2
+
+
+@pytest.mark.parametrize(
+    ("gateway", "job", "message"),
+    [("", "j", "needs an address"), ("h:1", "", "non-empty"), ("h:1", "a/b", "without '/'")],
+)
+def test_misuse_is_a_config_error(gateway: str, job: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        PushPlugin(CollectorRegistry(), gateway, job=job)
+
+
+@pytest.mark.spark
+@pytest.mark.prometheus
+def test_attach_pushes_an_available_now_backfill(spark: Any, stream_dir: Path) -> None:
+    from pyspark.sql.functions import window
+
+    import wmwatch
+
+    write_events(stream_dir / "in", [{"ts": "2026-01-01T00:00:05Z", "k": "a"}])
+    write_events(stream_dir / "in", [{"ts": "2026-01-01T00:01:05Z", "k": "b"}])
+    with pushgateway(stream_dir) as url:
+        watch = wmwatch.attach(
+            spark, db=None, metrics_port=None, pushgateway=url, push_job="backfill",
+            inspect_plans=False,
+        )  # fmt: skip
+        query = None
+        try:
+            events = (
+                spark.readStream.schema("ts TIMESTAMP, k STRING")
+                .option("maxFilesPerTrigger", 1)
+                .json(str(stream_dir / "in"))
+            )
+            query = (
+                events.withWatermark("ts", "10 seconds")
+                .groupBy(window("ts", "1 minute"))
+                .count()
+                .writeStream.format("noop")
+                .queryName("backfill_q")
+                .option("checkpointLocation", str(stream_dir / "checkpoint"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination(120)
+        finally:
+            if query is not None:
+                query.stop()
+            watch.close()
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+            kept = samples(response.read().decode())
+    group = (("instance", ""), ("job", "backfill"))
+    assert kept[("wmwatch_batches_total", (*group, ("query", "backfill_q")))] >= 2
+    assert kept[("wmwatch_input_rows_total", (*group, ("query", "backfill_q")))] == 2
+    assert kept[("wmwatch_query_up", (*group, ("query", "backfill_q")))] == 0
