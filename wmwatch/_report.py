@@ -21,6 +21,8 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wmwatch._audit_report import parquet_late_column, state_advice_from_quantile, window_grid
+
 if TYPE_CHECKING:
     import duckdb
     from rich.console import Console, RenderableType
@@ -465,7 +467,7 @@ def _late_rows_source(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str
                 (patterns,),
             ).fetchall()
         }
-        select = ", ".join(col if col in present else f"NULL AS {col}" for col in _LATE_COLUMNS)
+        select = ", ".join(parquet_late_column(col, present) for col in _LATE_COLUMNS)
         parts.append(
             f"""SELECT {select} FROM read_parquet($2::VARCHAR[], union_by_name = true)
                 WHERE query_id IN (SELECT unnest($1::VARCHAR[]))"""
@@ -593,6 +595,19 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
             "top_sources": sources.get(qid, []),
             "missing_parquet_locations": missing,
         }
+    # what the advised extra delay costs: windows per key held open that much longer
+    for qid, entry in result.items():
+        windows = con.execute(
+            scoped
+            + f"""
+            SELECT DISTINCT epoch(window_start_at), epoch(window_end_at) FROM late
+            WHERE query_id = ${len(params) + 1} AND window_end_at IS NOT NULL LIMIT 5000
+            """,
+            [*params, qid],
+        ).fetchall()
+        entry["state_advice"] = state_advice_from_quantile(
+            entry["extra_delay_p99_seconds"], window_grid((float(a), float(b)) for a, b in windows)
+        )
     return result
 
 
@@ -666,6 +681,8 @@ def _render_late_rows(data: Mapping[str, Any]) -> RenderableType:
         )
     if data.get("advice"):
         table.add_row("advice", f"[cyan]{data['advice']}[/]")
+    if data.get("state_advice"):
+        table.add_row("delay cost", f"[cyan]{data['state_advice']}[/]")
     if data.get("missing_parquet_locations"):
         table.add_row(
             "note",
@@ -733,9 +750,9 @@ def _render_findings(findings: Sequence[Mapping[str, Any]]) -> RenderableType:
             where += f", {finding['side']} side)" if finding.get("side") else ")"
         table.add_row(
             f"[{colour}]{finding['severity']}[/]",
-            f"[bold]{finding['kind']}[/]{where}: {finding['message']}\n"
+            f"[bold]{_escape(str(finding['kind']))}[/]{where}: {_escape(str(finding['message']))}\n"
             f"[dim]{finding['occurrences']}x, last seen batch {finding['last_batch_id']}[/]",
-            finding.get("fix") or "",
+            _escape(str(finding.get("fix") or "")),
         )
     return table
 
@@ -767,6 +784,40 @@ register_section(
         render=_render_findings,
         csv_columns=("findings_active", "findings_critical", "findings_kinds"),
         csv_values=_findings_csv,
+    )
+)
+
+
+# ---------------------------------------------------------------------------- watermarks section
+# (owned by the joins/watermarks feature: logic in wmwatch/_watermarks.py)
+
+
+def _load_watermarks(con: duckdb.DuckDBPyConnection, scope: Scope) -> Mapping[str, Any]:
+    from wmwatch._watermarks import load_watermarks
+
+    return load_watermarks(con, scope.query_ids)
+
+
+def _render_watermarks(data: Mapping[str, Any]) -> RenderableType:
+    from wmwatch._watermarks import render_watermarks
+
+    return render_watermarks(data)  # type: ignore[no-any-return]
+
+
+def _watermarks_csv(data: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    from wmwatch._watermarks import watermarks_csv
+
+    return watermarks_csv(data)
+
+
+register_section(
+    Section(
+        key="watermarks",
+        title="watermarks per operator and input",
+        load=_load_watermarks,
+        render=_render_watermarks,
+        csv_columns=("watermark_policy", "watermark_holding_back", "stateful_operators"),
+        csv_values=_watermarks_csv,
     )
 )
 

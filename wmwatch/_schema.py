@@ -151,6 +151,41 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        2,
+        "operator_watermarks, source_watermarks",
+        (
+            """
+            CREATE TABLE IF NOT EXISTS operator_watermarks (
+                query_id        VARCHAR NOT NULL,
+                batch_id        BIGINT NOT NULL,
+                operator_id     INTEGER NOT NULL,       -- stateful operator id; 0 is the most downstream
+                operator_name   VARCHAR,
+                late_watermark_at     TIMESTAMPTZ,      -- input watermark for late rows
+                eviction_watermark_at TIMESTAMPTZ,      -- input watermark for eviction and output
+                recorded_at     TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (query_id, batch_id, operator_id)
+            )
+            """,
+            """
+            CREATE TABLE IF NOT EXISTS source_watermarks (
+                query_id        VARCHAR NOT NULL,
+                batch_id        BIGINT NOT NULL,
+                node_id         VARCHAR NOT NULL,       -- the withWatermark node's id in the plan
+                source          VARCHAR,                -- the input(s) under it, as progress names them
+                event_time_column VARCHAR,
+                delay_seconds   DOUBLE,
+                watermark_at    TIMESTAMPTZ,            -- this input's own watermark (max event time - delay)
+                event_time_max_at TIMESTAMPTZ,          -- max event time this input has seen in the run
+                idle_batches    INTEGER,                -- consecutive batches in which it read nothing
+                holding_back    BOOLEAN,                -- the global watermark is waiting for it
+                policy          VARCHAR,                -- multipleWatermarkPolicy in force: min | max
+                recorded_at     TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (query_id, batch_id, node_id)
+            )
+            """,
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

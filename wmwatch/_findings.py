@@ -1,0 +1,256 @@
+"""Findings: problems wmwatch has diagnosed, one row each, opened once and then updated.
+
+A finding is identified by query, kind, operator and side (:func:`finding_id`), so seeing the
+same problem in every batch updates one record (last seen, occurrences, fresh evidence) instead of
+adding rows. The first time a finding opens it is logged once at WARNING; it is written to the
+``findings`` table when it opens, when it resolves and at most every ``update_interval_seconds``
+in between. Every write is an upsert on the finding id that never moves ``first_seen_at`` later
+or ``occurrences`` backwards, so a retried write and a restarted process leave the same row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+log = logging.getLogger("wmwatch.findings")
+
+JOIN_STATE_UNBOUNDED = "join_state_unbounded"
+WATERMARK_STALLED = "watermark_stalled"
+WATERMARK_JUMP = "watermark_jump"
+WATERMARK_HELD_BACK = "watermark_held_back"
+
+ACTIVE = "active"
+RESOLVED = "resolved"
+
+
+def finding_id(query_id: str, kind: str, operator_id: int | None, side: str | None) -> str:
+    """Stable across batches, runs and processes: the same problem always gets the same id."""
+    key = f"{query_id}|{kind}|{'' if operator_id is None else operator_id}|{side or ''}"
+    return f"{kind}-{hashlib.sha1(key.encode()).hexdigest()[:16]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    finding_id: str
+    query_id: str
+    query_name: str | None
+    kind: str
+    operator_id: int | None
+    side: str | None
+    severity: str
+    status: str
+    message: str
+    evidence: Mapping[str, Any]
+    fix: str | None
+    first_seen_at: datetime
+    last_seen_at: datetime
+    first_batch_id: int | None
+    last_batch_id: int | None
+    occurrences: int = 1
+    resolved_at: datetime | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.status == ACTIVE
+
+    def as_row(self) -> dict[str, Any]:
+        """Rendering-ready fields (ISO timestamps, evidence as a dict)."""
+        return {
+            "finding_id": self.finding_id,
+            "query_id": self.query_id,
+            "query_name": self.query_name,
+            "kind": self.kind,
+            "operator_id": self.operator_id,
+            "side": self.side,
+            "severity": self.severity,
+            "status": self.status,
+            "message": self.message,
+            "evidence": dict(self.evidence),
+            "fix": self.fix,
+            "first_seen_at": self.first_seen_at.isoformat(),
+            "last_seen_at": self.last_seen_at.isoformat(),
+            "first_batch_id": self.first_batch_id,
+            "last_batch_id": self.last_batch_id,
+            "occurrences": self.occurrences,
+        }
+
+
+Writer = Callable[[Callable[[Any], None], str], None]
+
+
+@dataclass
+class FindingsBook:
+    """The open and resolved findings of this process, and their writes to the history.
+
+    ``writer(fn, description)`` queues ``fn(con)`` (the store's ``submit``); None keeps findings
+    in memory only. Thread-safe: the worker thread and the plan inspector both report here.
+    """
+
+    writer: Writer | None = None
+    update_interval_seconds: float = 30.0
+    clock: Callable[[], float] = time.monotonic
+    _findings: dict[str, Finding] = field(default_factory=dict)
+    _written_at: dict[str, float] = field(default_factory=dict)
+    _warned: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(
+        self,
+        *,
+        query_id: str,
+        query_name: str | None,
+        kind: str,
+        operator_id: int | None = None,
+        side: str | None = None,
+        severity: str = "warning",
+        message: str,
+        evidence: Mapping[str, Any],
+        fix: str | None,
+        at: datetime,
+        batch_id: int | None,
+    ) -> tuple[Finding, bool]:
+        """Open the finding or update it; returns it and whether it was (re)opened now."""
+        fid = finding_id(query_id, kind, operator_id, side)
+        with self._lock:
+            old = self._findings.get(fid)
+            opened = old is None or not old.active
+            if old is None:
+                finding = Finding(
+                    fid, query_id, query_name, kind, operator_id, side, severity, ACTIVE,
+                    message, dict(evidence), fix, at, at, batch_id, batch_id,
+                )  # fmt: skip
+            else:
+                finding = replace(
+                    old,
+                    query_name=query_name or old.query_name,
+                    severity=_worse(old.severity, severity) if old.active else severity,
+                    status=ACTIVE,
+                    message=message,
+                    evidence=dict(evidence),
+                    fix=fix,
+                    last_seen_at=at,
+                    last_batch_id=batch_id if batch_id is not None else old.last_batch_id,
+                    occurrences=old.occurrences + 1,
+                    resolved_at=None,
+                )
+            self._findings[fid] = finding
+            first_time = fid not in self._warned
+            self._warned.add(fid)
+            due = opened or (old is not None and old.severity != finding.severity) or self._due(fid)
+        if first_time:
+            log.warning(
+                "wmwatch: %s in query %s: %s%s",
+                kind,
+                query_name or query_id,
+                message,
+                f" Fix: {fix}" if fix else "",
+            )
+        if due:
+            self._write(finding)
+        return finding, opened
+
+    def resolve(self, fid: str, *, at: datetime, batch_id: int | None, reason: str) -> Finding | None:
+        """Mark an active finding resolved (kept in the table with its history)."""
+        with self._lock:
+            old = self._findings.get(fid)
+            if old is None or not old.active:
+                return None
+            evidence = dict(old.evidence)
+            evidence["resolved_because"] = reason
+            finding = replace(
+                old,
+                status=RESOLVED,
+                evidence=evidence,
+                last_seen_at=max(at, old.last_seen_at),
+                last_batch_id=batch_id if batch_id is not None else old.last_batch_id,
+                resolved_at=at,
+            )
+            self._findings[fid] = finding
+        log.info("wmwatch: resolved %s in query %s: %s", old.kind, old.query_name or old.query_id, reason)
+        self._write(finding)
+        return finding
+
+    def get(self, fid: str) -> Finding | None:
+        with self._lock:
+            return self._findings.get(fid)
+
+    def all(self, *, query_id: str | None = None, active_only: bool = False) -> list[Finding]:
+        with self._lock:
+            found = [
+                f
+                for f in self._findings.values()
+                if (query_id is None or f.query_id == query_id) and (f.active or not active_only)
+            ]
+        return sorted(found, key=lambda f: (f.query_id, f.kind, f.operator_id or -1, f.side or ""))
+
+    def flush(self) -> None:
+        """Write every finding's latest state (at close, so throttled updates are not lost)."""
+        for finding in self.all():
+            self._write(finding)
+
+    def _due(self, fid: str) -> bool:
+        last = self._written_at.get(fid)
+        return last is None or self.clock() - last >= self.update_interval_seconds
+
+    def _write(self, finding: Finding) -> None:
+        self._written_at[finding.finding_id] = self.clock()
+        if self.writer is None:
+            return
+        self.writer(lambda con: upsert_finding(con, finding), f"finding {finding.kind}")
+
+
+def upsert_finding(con: Any, finding: Finding) -> None:
+    """Idempotent write of one finding (DuckDB connection inside the store's transaction)."""
+    con.execute(
+        """
+        INSERT INTO findings (finding_id, query_id, query_name, operator_id, side, kind, severity,
+            status, message, evidence, fix, first_seen_at, last_seen_at, first_batch_id,
+            last_batch_id, occurrences)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (finding_id) DO UPDATE SET
+            query_name = excluded.query_name,
+            severity = excluded.severity,
+            status = excluded.status,
+            message = excluded.message,
+            evidence = excluded.evidence,
+            fix = excluded.fix,
+            first_seen_at = least(findings.first_seen_at, excluded.first_seen_at),
+            last_seen_at = greatest(findings.last_seen_at, excluded.last_seen_at),
+            first_batch_id = coalesce(findings.first_batch_id, excluded.first_batch_id),
+            last_batch_id = excluded.last_batch_id,
+            occurrences = greatest(findings.occurrences, excluded.occurrences)
+        """,
+        [
+            finding.finding_id,
+            finding.query_id,
+            finding.query_name,
+            finding.operator_id,
+            finding.side,
+            finding.kind,
+            finding.severity,
+            finding.status,
+            finding.message,
+            json.dumps(finding.evidence, sort_keys=True, default=str),
+            finding.fix,
+            finding.first_seen_at,
+            finding.last_seen_at,
+            finding.first_batch_id,
+            finding.last_batch_id,
+            finding.occurrences,
+        ],
+    )
+
+
+_SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
+
+
+def _worse(a: str, b: str) -> str:
+    return a if _SEVERITY_ORDER.get(a, 1) >= _SEVERITY_ORDER.get(b, 1) else b
