@@ -1,0 +1,200 @@
+"""The late-row rules and plan reading, without a JVM.
+
+The plan texts in tests/fixtures/audit_plans/ are ``analyzedPlan().toString()`` of real Spark 4.3
+streaming queries (regenerate with ``python -m tests.audit_plan_fixtures``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from wmwatch._audit_predicates import (
+    DEDUPE,
+    DEDUPE_WITHIN_WATERMARK,
+    WINDOW,
+    OperatorSpec,
+    apply_overrides,
+    batch_may_have_late_rows,
+    earliest_window_end_us,
+    is_late,
+    late_windows,
+    parse_duration_us,
+    parse_plan,
+    windows_of,
+)
+from wmwatch._errors import AuditError
+
+PLANS = Path(__file__).parent / "fixtures" / "audit_plans"
+S = 1_000_000  # microseconds per second
+
+
+def plan(name: str) -> str:
+    return (PLANS / f"{name}.txt").read_text()
+
+
+def test_tumbling_windows() -> None:
+    assert windows_of(5 * S, 10 * S, 10 * S) == [(0, 10 * S)]
+    assert windows_of(10 * S, 10 * S, 10 * S) == [(10 * S, 20 * S)]  # start inclusive
+    assert windows_of(-1, 10 * S, 10 * S) == [(-10 * S, 0)]
+
+
+def test_sliding_and_offset_windows() -> None:
+    assert windows_of(12 * S, 10 * S, 5 * S) == [(5 * S, 15 * S), (10 * S, 20 * S)]
+    assert windows_of(3 * S, 10 * S, 10 * S, 2 * S) == [(2 * S, 12 * S)]
+    assert windows_of(1 * S, 10 * S, 10 * S, 2 * S) == [(-8 * S, 2 * S)]
+
+
+@given(
+    ts=st.integers(-(10**12), 10**12),
+    window=st.integers(1, 10**8),
+    slide_divisor=st.integers(1, 6),
+    start=st.integers(0, 10**8),
+)
+def test_windows_match_their_definition(
+    ts: int, window: int, slide_divisor: int, start: int
+) -> None:
+    slide = max(1, window // slide_divisor)
+    start = start % slide
+    got = windows_of(ts, window, slide, start)
+    assert got and all(s <= ts < e and e - s == window and (s - start) % slide == 0 for s, e in got)
+    assert len(got) == len({s for s, _ in got})
+    # no window of the grid that holds ts is missing
+    assert got[0][0] - slide <= ts - window and got[-1][0] + slide > ts
+    assert got == sorted(got)
+
+
+def test_window_rule_drops_at_equality_and_per_window() -> None:
+    tumbling = OperatorSpec(WINDOW, "ts", window_us=10 * S, slide_us=10 * S)
+    assert is_late(3 * S, 10_000, tumbling)  # window [0,10) ends exactly on the watermark
+    assert not is_late(10 * S, 10_000, tumbling)  # [10,20) still open
+    assert not is_late(9 * S, 9_999, tumbling)  # behind the watermark, window open
+    sliding = OperatorSpec(WINDOW, "ts", window_us=10 * S, slide_us=5 * S)
+    assert late_windows(12 * S, 15_000, sliding) == [(5 * S, 15 * S)]
+    assert late_windows(12 * S, 14_999, sliding) == []
+    assert late_windows(12 * S, None, sliding) == []
+
+
+def test_dedupe_rule_drops_at_equality() -> None:
+    for kind in (DEDUPE, DEDUPE_WITHIN_WATERMARK):
+        spec = OperatorSpec(kind, "ts")
+        assert is_late(30 * S, 30_000, spec)
+        assert not is_late(30 * S + 1, 30_000, spec)
+        assert not is_late(None, 30_000, spec)
+        assert not is_late(1, None, spec)
+
+
+@given(
+    kind=st.sampled_from([WINDOW, DEDUPE]),
+    wm_ms=st.integers(0, 10**7),
+    min_ms=st.integers(0, 10**7),
+    rows_us=st.lists(st.integers(0, 10**10), max_size=20),
+    window_s=st.integers(1, 30),
+    slide_div=st.integers(1, 3),
+)
+def test_skip_decision_is_safe(
+    kind: str, wm_ms: int, min_ms: int, rows_us: list[int], window_s: int, slide_div: int
+) -> None:
+    """When the batch minimum says "nothing late", no row at or above that minimum is late."""
+    if kind == WINDOW:
+        window = window_s * S
+        spec = OperatorSpec(WINDOW, "ts", window_us=window, slide_us=max(1, window // slide_div))
+    else:
+        spec = OperatorSpec(DEDUPE, "ts")
+    if not batch_may_have_late_rows(spec, wm_ms, min_ms):
+        # progress truncates the minimum to the millisecond: rows lie at or above min_ms * 1000
+        for extra in rows_us:
+            assert not is_late(min_ms * 1000 + extra, wm_ms, spec)
+
+
+def test_skip_decision_examples() -> None:
+    dedupe = OperatorSpec(DEDUPE, "ts")
+    assert batch_may_have_late_rows(dedupe, 30_000, 30_000)
+    assert not batch_may_have_late_rows(dedupe, 30_000, 30_001)
+    assert batch_may_have_late_rows(dedupe, 30_000, None)  # unknown: replay
+    assert not batch_may_have_late_rows(dedupe, None, 0)  # batch 0 filters nothing
+    window = OperatorSpec(WINDOW, "ts", window_us=10 * S, slide_us=10 * S)
+    # rows behind the watermark whose windows are all open: nothing late
+    assert not batch_may_have_late_rows(window, 15_000, 10_000)
+    assert batch_may_have_late_rows(window, 15_000, 9_999)
+    assert (
+        earliest_window_end_us(12 * S, OperatorSpec(WINDOW, "ts", window_us=10 * S, slide_us=5 * S))
+        == 15 * S
+    )
+
+
+def test_durations() -> None:
+    assert parse_duration_us("10 seconds") == 10 * S
+    assert parse_duration_us("1 minute 30 seconds") == 90 * S
+    assert parse_duration_us("500 milliseconds") == S // 2
+    assert parse_duration_us("2 hours") == 7200 * S
+    assert parse_duration_us(2.5) == 2_500_000
+    with pytest.raises(AuditError, match="duration"):
+        parse_duration_us("soon")
+    with pytest.raises(AuditError, match="unit"):
+        parse_duration_us("3 fortnights")
+
+
+def test_plan_tumbling_window() -> None:
+    facts = parse_plan(plan("tumbling"))
+    assert facts.spec == OperatorSpec(WINDOW, "ts", 10 * S, 10 * S, 10 * S, 0)
+
+
+def test_plan_sliding_window() -> None:
+    facts = parse_plan(plan("sliding"))
+    assert facts.spec == OperatorSpec(WINDOW, "ts", 10 * S, 10 * S, 5 * S, 0)
+    assert facts.spec is not None and facts.spec.is_sliding
+
+
+def test_plan_window_with_start_offset_and_alias() -> None:
+    offset = parse_plan(plan("offset")).spec
+    assert offset is not None and (offset.window_us, offset.slide_us, offset.start_us) == (
+        10 * S,
+        10 * S,
+        2 * S,
+    )
+    alias = parse_plan(plan("alias")).spec
+    assert alias is not None and alias.window_us == 60 * S
+
+
+def test_plan_deduplications() -> None:
+    assert parse_plan(plan("dedupe")).spec == OperatorSpec(DEDUPE, "ts", 10 * S)
+    assert parse_plan(plan("dedupe_within_watermark")).spec == OperatorSpec(
+        DEDUPE_WITHIN_WATERMARK, "ts", 10 * S
+    )
+
+
+def test_plans_that_drop_nothing_say_why() -> None:
+    keys = parse_plan(plan("dedupe_without_event_time"))
+    assert keys.spec is None and keys.problem and "without the event-time column" in keys.problem
+    agg = parse_plan(plan("aggregate_by_key"))
+    assert agg.spec is None and agg.problem and "window" in agg.problem
+    none = parse_plan(plan("no_watermark"))
+    assert none.spec is None and none.problem and "no watermark" in none.problem
+
+
+def test_plan_join_is_not_supported() -> None:
+    facts = parse_plan(plan("join"))
+    assert facts.spec is None and facts.problem
+
+
+def test_overrides() -> None:
+    facts = parse_plan(plan("tumbling"))
+    spec = apply_overrides(
+        facts, kind=None, event_time=None, delay=None, window="1 minute", slide=None
+    )
+    assert (spec.window_us, spec.slide_us, spec.start_us) == (60 * S, 60 * S, 0)
+    spec = apply_overrides(
+        facts, kind="dedupe", event_time="event_at", delay=None, window=None, slide=None
+    )
+    assert spec == OperatorSpec(DEDUPE, "event_at", 10 * S)
+    blank = parse_plan(plan("join"))
+    with pytest.raises(AuditError, match="kind="):
+        apply_overrides(blank, kind=None, event_time=None, delay=None, window=None, slide=None)
+    with pytest.raises(AuditError, match="window"):
+        apply_overrides(blank, kind="window", event_time="ts", delay=None, window=None, slide=None)
+    with pytest.raises(AuditError, match="kind"):
+        OperatorSpec("session", "ts")

@@ -1,0 +1,218 @@
+"""The audit's batch write (idempotent, one transaction) and the report over its rows, without a JVM.
+
+The rows go through the real HistoryStore into a real DuckDB file; the Parquet file has the
+columns the audit's Parquet sink writes.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.test_store import progress
+from wmwatch._audit import _batch_writer
+from wmwatch._audit_report import (
+    WindowGrid,
+    delay_to_keep,
+    extra_delay_needed_seconds,
+    extra_windows_in_state,
+    kept_fraction,
+    parquet_late_column,
+    state_advice,
+    state_advice_from_quantile,
+    window_grid,
+)
+from wmwatch._report import build_report, report_dict
+from wmwatch._store import HistoryStore, open_readonly
+
+T = 1_767_225_600  # 2026-01-01T00:00:00Z in seconds
+US = 1_000_000
+
+
+def late(
+    event_s: int, start_s: int | None, end_s: int | None, source: str, data: str
+) -> tuple[Any, ...]:
+    return (
+        event_s * US,
+        None if start_s is None else start_s * US,
+        None if end_s is None else end_s * US,
+        source,
+        data,
+    )
+
+
+ROWS = [
+    late(T + 3, T, T + 10, "/in/a.json", '{"id":5}'),
+    late(T + 5, T, T + 10, "/in/a.json", '{"id":7}'),
+    late(T + 12, T + 10, T + 20, "/in/b.json", '{"id":9}'),
+]
+
+
+def write(
+    store: HistoryStore, batch_id: int, rows: Any, count: int, wm_s: int | None = T + 25
+) -> None:
+    store.submit(
+        _batch_writer(
+            query_id="q-1",
+            query_name="clicks",
+            run_id="run-1",
+            batch_id=batch_id,
+            late_wm_ms=None if wm_s is None else wm_s * 1000,
+            kind="window",
+            rows=rows,
+            count=count,
+            sink="duckdb",
+            location=None,
+        ),
+        description=f"test batch {batch_id}",
+    )
+
+
+@pytest.mark.parametrize("shape", ["tuples", "arrow"])
+def test_batch_write_is_idempotent_and_exact(tmp_path: Path, shape: str) -> None:
+    rows: Any = list(ROWS)
+    if shape == "arrow":
+        columns = list(zip(*ROWS, strict=True))
+        rows = pa.table(
+            {
+                "event_time_us": pa.array(columns[0], pa.int64()),
+                "window_start_us": pa.array(columns[1], pa.int64()),
+                "window_end_us": pa.array(columns[2], pa.int64()),
+                "source_file": pa.array(columns[3]),
+                "row_data": pa.array(columns[4]),
+            }
+        )
+    with HistoryStore(tmp_path / "h.duckdb") as store:
+        write(store, 4, rows, 3)
+        write(store, 4, rows, 3)  # a retried write, or a re-audit after a crash
+        write(store, 5, None, 0)
+        assert store.flush(10)
+        got = store.read(
+            lambda con: con.execute(
+                "SELECT batch_id, epoch(event_time_at), epoch(watermark_at), lateness_seconds, "
+                "epoch(window_start_at), epoch(window_end_at), operator_kind, source_file, "
+                "row_data::VARCHAR, run_id, query_name FROM late_rows ORDER BY event_time_at"
+            ).fetchall()
+        )
+        marks = store.read(
+            lambda con: con.execute(
+                "SELECT batch_id, late_rows, epoch(late_watermark_at), sink FROM audit_batches ORDER BY 1"
+            ).fetchall()
+        )
+    assert [r[0] for r in got] == [4, 4, 4]
+    first = got[0]
+    assert first[1:9] == (T + 3, T + 25, 22.0, T, T + 10, "window", "/in/a.json", '{"id":5}')
+    assert first[9:] == ("run-1", "clicks")
+    assert marks == [(4, 3, T + 25, "duckdb"), (5, 0, T + 25, "duckdb")]
+
+
+def test_batch_zero_marker_has_no_watermark(tmp_path: Path) -> None:
+    with HistoryStore(tmp_path / "h.duckdb") as store:
+        write(store, 0, None, 0, wm_s=None)
+        assert store.flush(10)
+        marks = store.read(
+            lambda con: con.execute(
+                "SELECT batch_id, late_watermark_at FROM audit_batches"
+            ).fetchall()
+        )
+    assert marks == [(0, None)]
+
+
+def test_report_reads_duckdb_and_parquet_audit_rows(tmp_path: Path) -> None:
+    path = tmp_path / "h.duckdb"
+    parquet_dir = tmp_path / "late" / "q-1" / "batch-000000000005"
+    parquet_dir.mkdir(parents=True)
+    # what the Parquet sink writes for one batch: instants as integer microseconds
+    pq.write_table(
+        pa.table(
+            {
+                "query_id": ["q-1"],
+                "query_name": ["clicks"],
+                "run_id": ["run-1"],
+                "batch_id": pa.array([5], pa.int64()),
+                "event_time_us": pa.array([(T + 21) * US], pa.int64()),
+                "watermark_us": pa.array([(T + 40) * US], pa.int64()),
+                "lateness_seconds": [19.0],
+                "window_start_us": pa.array([(T + 20) * US], pa.int64()),
+                "window_end_us": pa.array([(T + 30) * US], pa.int64()),
+                "operator_kind": ["window"],
+                "source_file": ["/in/c.json"],
+                "row_data": ['{"id":11}'],
+                "audited_at_us": pa.array([T * US], pa.int64()),
+            }
+        ),
+        parquet_dir / "part-0.parquet",
+    )
+    with HistoryStore(path) as store:
+        for batch_id in range(6):
+            store.record_progress(progress(batch_id))
+        write(store, 4, list(ROWS), 3)
+        store.submit(
+            _batch_writer(
+                query_id="q-1",
+                query_name="clicks",
+                run_id="run-1",
+                batch_id=5,
+                late_wm_ms=(T + 40) * 1000,
+                kind="window",
+                rows=None,
+                count=1,
+                sink="parquet",
+                location=str(parquet_dir),
+            ),
+            description="parquet marker",
+        )
+    with open_readonly(path) as con:
+        doc = report_dict(build_report(con, db=str(path), now=datetime(2026, 1, 2, tzinfo=UTC)))
+    section = next(q for q in doc["queries"] if q["query"] == "clicks")["late_rows"]
+    assert section["late_rows"] == 4
+    assert section["audited_batches"] == 2
+    assert {s["source_file"] for s in section["top_sources"]} == {
+        "/in/a.json",
+        "/in/b.json",
+        "/in/c.json",
+    }
+    assert section["lateness_max_seconds"] == 22.0
+    # needed extra delays (watermark - window end): 15, 15, 5, 10 s -> 16 s keeps them all;
+    # 10 s tumbling windows -> 2 more windows per key
+    assert section["state_advice"] == (
+        "a watermark delay of 16s more would have kept about 99% of these rows; "
+        "state would hold about 2 more windows per key"
+    )
+
+
+def test_parquet_column_mapping() -> None:
+    present = {"query_id", "event_time_us"}
+    assert parquet_late_column("query_id", present) == "query_id"
+    assert "to_microseconds(event_time_us)" in parquet_late_column("event_time_at", present)
+    assert parquet_late_column("window_end_at", present) == "NULL AS window_end_at"
+
+
+def test_delay_advice_rules() -> None:
+    assert extra_delay_needed_seconds(30, 21, 30) == 0.0  # window ended exactly on the watermark
+    assert extra_delay_needed_seconds(30, 21, None) == 9.0
+    needed = [0.0, 0.0, 5.0, 9.5, 120.0]
+    assert delay_to_keep(needed, 0.8) == 10.0  # strictly more than 9.5 s
+    assert kept_fraction(needed, 10.0) == 0.8
+    assert delay_to_keep([], 0.99) is None
+    assert window_grid([(0, 10), (5, 15), (20, 30)]) == WindowGrid(10, 5)
+    assert window_grid([(0, 60)]) == WindowGrid(60, 60)
+    assert window_grid([]) is None
+    assert extra_windows_in_state(16, 5) == 4
+    assert state_advice(needed, WindowGrid(10, 5), 0.8) == (
+        "a watermark delay of 10s more would have kept 80% of these rows; "
+        "state would hold about 2 more windows per key"
+    )
+    assert state_advice(needed, None, 0.8) is not None and "each key about 10s longer" in str(
+        state_advice(needed, None, 0.8)
+    )
+    assert state_advice_from_quantile(None, None) is None
+    assert state_advice_from_quantile(59.2, WindowGrid(60, 60)) == (
+        "a watermark delay of 1m more would have kept about 99% of these rows; "
+        "state would hold about 1 more window per key"
+    )

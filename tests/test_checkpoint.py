@@ -1,0 +1,197 @@
+"""Reading a checkpoint's offsets, commits and file-source log, without a JVM.
+
+The file contents below are copied from checkpoints Spark 4.3 wrote in real runs (conf trimmed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from wmwatch._checkpoint import (
+    CheckpointReader,
+    files_for_log_range,
+    local_root,
+    normalise_path,
+    parse_log_offset,
+    parse_offsets,
+    parse_source_log,
+)
+from wmwatch._errors import AuditError
+
+OFFSETS_1 = (
+    'v1\n{"batchWatermarkMs":1704067225000,"batchTimestampMs":1795320159072,"conf":'
+    '{"spark.sql.streaming.multipleWatermarkPolicy":"min","spark.sql.shuffle.partitions":"2"}}\n'
+    '{"logOffset":0}'
+)
+
+
+def test_offsets_file_parses_watermark_conf_and_source_offsets() -> None:
+    entry = parse_offsets(1, OFFSETS_1)
+    assert entry.watermark_ms == 1704067225000
+    assert entry.timestamp_ms == 1795320159072
+    assert entry.conf["spark.sql.streaming.multipleWatermarkPolicy"] == "min"
+    assert entry.source_offsets == ('{"logOffset":0}',)
+    assert parse_log_offset(entry.source_offsets[0]) == 0
+
+
+def test_offsets_file_with_a_source_not_started_and_trailing_newline() -> None:
+    entry = parse_offsets(0, 'v1\n{"batchWatermarkMs":0}\n-\n{"logOffset":4}\n')
+    assert entry.source_offsets == (None, '{"logOffset":4}')
+    assert entry.timestamp_ms is None
+
+
+def test_unknown_log_version_is_refused() -> None:
+    with pytest.raises(AuditError, match="v2"):
+        parse_offsets(0, 'v2\n{"batchWatermarkMs":0}\n')
+
+
+def test_non_file_source_offsets_are_refused() -> None:
+    with pytest.raises(AuditError, match="only file sources"):
+        parse_log_offset('{"topic":{"0":42}}')
+    assert parse_log_offset(None) is None
+    assert parse_log_offset("7") == 7
+
+
+def test_source_log_lines() -> None:
+    files = parse_source_log(
+        'v1\n{"path":"file:///tmp/in/a.json","timestamp":1795320155285,"batchId":0}\n'
+        '{"path":"file:///tmp/in/b.json","timestamp":1795320155290,"batchId":0}\n'
+    )
+    assert [(f.path, f.log_id) for f in files] == [
+        ("file:///tmp/in/a.json", 0),
+        ("file:///tmp/in/b.json", 0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("file:///tmp/in/a.json", "/tmp/in/a.json"),  # the source log's spelling
+        ("file:/tmp/in/a.json", "/tmp/in/a.json"),  # _metadata.file_path's spelling
+        ("file:/tmp/in/a%20b.json", "/tmp/in/a b.json"),
+        ("/tmp/in/a.json", "/tmp/in/a.json"),
+        ("s3a://bucket/in/a.json", "s3a://bucket/in/a.json"),
+        ("file://host/share/a.json", "file://host/share/a.json"),
+    ],
+)
+def test_normalise_path(given: str, expected: str) -> None:
+    assert normalise_path(given) == expected
+
+
+def test_local_root() -> None:
+    assert local_root("file:/tmp/ck") == "/tmp/ck"
+    assert local_root("file:///tmp/ck") == "/tmp/ck"
+    assert local_root("/tmp/ck") == "/tmp/ck"
+    assert local_root("s3a://bucket/ck") is None
+    assert local_root("hdfs://nn:8020/ck") is None
+
+
+def _entry(path: str, log_id: int) -> str:
+    return json.dumps({"path": path, "timestamp": 1, "batchId": log_id})
+
+
+def _log_dir() -> dict[str, str]:
+    """Log numbers 0-9 compacted into 9.compact (plain 0-8 cleaned up), 10 and 11 plain."""
+    compact = "v1\n" + "\n".join(_entry(f"file:///in/{i}.json", i) for i in range(10))
+    return {
+        "9.compact": compact,
+        "10": "v1\n" + _entry("file:///in/10a.json", 10) + "\n" + _entry("file:///in/10b.json", 10),
+        "11": "v1\n" + _entry("file:///in/11.json", 11),
+    }
+
+
+def test_log_range_reads_compact_and_plain_files() -> None:
+    files = _log_dir()
+    got = files_for_log_range(files.keys, files.get, 8, 10)
+    assert [f.path for f in got] == [
+        "file:///in/8.json",
+        "file:///in/9.json",
+        "file:///in/10a.json",
+        "file:///in/10b.json",
+    ]
+    assert files_for_log_range(files.keys, files.get, 5, 4) == []
+
+
+def test_log_range_prefers_the_plain_file_while_it_exists() -> None:
+    files = _log_dir()
+    files["3"] = "v1\n" + _entry("file:///in/3.json", 3)
+    reads: list[str] = []
+
+    def read(name: str) -> str | None:
+        reads.append(name)
+        return files.get(name)
+
+    assert [f.path for f in files_for_log_range(files.keys, read, 3, 3)] == ["file:///in/3.json"]
+    assert reads == ["3"]
+
+
+def test_log_range_past_the_end_is_an_error() -> None:
+    files = _log_dir()
+    with pytest.raises(AuditError, match="log number 12"):
+        files_for_log_range(files.keys, files.get, 12, 12)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _offsets(wm_ms: int, log_offset: int | None) -> str:
+    line = "-" if log_offset is None else json.dumps({"logOffset": log_offset})
+    return f'v1\n{{"batchWatermarkMs":{wm_ms},"batchTimestampMs":1,"conf":{{}}}}\n{line}'
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    """Batches: 0 reads log 0; 1 is a no-data batch moving the watermark; 2 reads logs 1 and 2;
+    3 is committed without a file; 4 is planned but not committed."""
+    root = tmp_path / "ck"
+    plan = [(0, 0), (15_000, 0), (15_000, 2), (30_000, 2), (30_000, 3)]
+    for batch_id, (wm, log_offset) in enumerate(plan):
+        _write(root / "offsets" / str(batch_id), _offsets(wm, log_offset))
+        if batch_id < 4:
+            _write(root / "commits" / str(batch_id), '{"nextBatchWatermarkMs":0}')
+    for log_id in range(4):
+        _write(
+            root / "sources" / "0" / str(log_id),
+            "v1\n" + _entry(f"file:///in/{log_id}.json", log_id),
+        )
+    _write(root / "offsets" / ".0.crc", "junk")
+    return root
+
+
+def test_reader_maps_batches_to_their_files(checkpoint: Path) -> None:
+    reader = CheckpointReader(f"file:{checkpoint}")
+    assert reader.committed_batches() == [0, 1, 2, 3]
+    assert reader.offset_batches() == [0, 1, 2, 3, 4]
+    assert [f.path for f in reader.batch_files(0)] == ["file:///in/0.json"]
+    assert reader.batch_files(1) == []  # no-data batch
+    assert [f.path for f in reader.batch_files(2)] == ["file:///in/1.json", "file:///in/2.json"]
+    assert reader.batch_files(3) == []
+    assert [f.path for f in reader.batch_files(4)] == ["file:///in/3.json"]
+    assert reader.batch_files(2, source_index=1) == []
+
+
+def test_late_watermark_is_the_previous_batch_watermark(checkpoint: Path) -> None:
+    reader = CheckpointReader(str(checkpoint))
+    assert reader.late_watermark_ms(0) is None
+    assert reader.late_watermark_ms(1) == 0
+    assert reader.late_watermark_ms(2) == 15_000  # set by the no-data batch 1
+    assert reader.late_watermark_ms(4) == 30_000
+
+
+def test_purged_offsets_make_a_batch_unauditable(checkpoint: Path) -> None:
+    (checkpoint / "offsets" / "1").unlink()
+    reader = CheckpointReader(str(checkpoint))
+    with pytest.raises(AuditError, match="minBatchesToRetain"):
+        reader.late_watermark_ms(2)
+    with pytest.raises(AuditError, match="offsets/1"):
+        reader.batch_files(2)
+
+
+def test_remote_checkpoint_needs_a_filesystem() -> None:
+    with pytest.raises(AuditError, match="not on a local filesystem"):
+        CheckpointReader("s3a://bucket/ck")

@@ -1,0 +1,355 @@
+"""Reading a streaming query's checkpoint: offsets, commits and the file source's log.
+
+The audit replays committed batches, so it needs three facts per batch N that only the
+checkpoint records exactly: that N committed (``commits/N``), the watermark the late-row filter
+of N used (``batchWatermarkMs`` of ``offsets/N-1``), and which files N read. The last one is
+indirect: a file source numbers its own log (``sources/<i>/<K>``) and ``offsets/N`` holds that
+source's ``{"logOffset": K}``; no-data batches repeat the previous K, so batch N read the log
+entries ``(K(N-1), K(N)]``. Every tenth source-log entry is compacted into ``<K>.compact``, which
+holds all entries up to K, each tagged with its own ``batchId`` (the log number).
+
+Parsing is pure (text in, values out); :class:`CheckpointReader` adds file access through a small
+filesystem interface, local by default, Hadoop's through the JVM for other schemes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import unquote
+
+from wmwatch._errors import AuditError
+
+_LOG_VERSION = "v1"
+_BATCH_FILE = re.compile(r"^(\d+)$")
+_COMPACT_FILE = re.compile(r"^(\d+)\.compact$")
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsEntry:
+    """One ``offsets/N`` file."""
+
+    batch_id: int
+    watermark_ms: int
+    timestamp_ms: int | None
+    conf: dict[str, str]
+    source_offsets: tuple[str | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    """One line of a file source's log: a file and the log number that took it in."""
+
+    path: str
+    timestamp_ms: int | None
+    log_id: int
+
+
+def _log_lines(text: str, what: str) -> list[str]:
+    lines = text.split("\n")
+    if not lines or lines[0].strip() != _LOG_VERSION:
+        raise AuditError(
+            f"{what} starts with {lines[0][:20]!r}, not {_LOG_VERSION!r}: this checkpoint was "
+            "written by a Spark version the audit does not know; audit with a matching wmwatch."
+        )
+    return lines[1:]
+
+
+def parse_offsets(batch_id: int, text: str) -> OffsetsEntry:
+    """Parse ``offsets/N``: a version line, a metadata JSON line, one line per source."""
+    lines = _log_lines(text, f"offsets/{batch_id}")
+    if not lines or not lines[0].strip():
+        raise AuditError(f"offsets/{batch_id} has no metadata line; the checkpoint is damaged.")
+    try:
+        meta = json.loads(lines[0])
+    except ValueError as exc:
+        raise AuditError(
+            f"offsets/{batch_id} metadata is not JSON ({exc}); the checkpoint is damaged."
+        ) from exc
+    body = lines[1:]
+    while body and not body[-1].strip():
+        body.pop()
+    # A source without an offset yet is written as "-".
+    sources = tuple(None if line.strip() in ("", "-") else line.strip() for line in body)
+    return OffsetsEntry(
+        batch_id=batch_id,
+        watermark_ms=int(meta.get("batchWatermarkMs", 0) or 0),
+        timestamp_ms=int(meta["batchTimestampMs"]) if "batchTimestampMs" in meta else None,
+        conf={str(k): str(v) for k, v in (meta.get("conf") or {}).items()},
+        source_offsets=sources,
+    )
+
+
+def parse_log_offset(offset_json: str | None) -> int | None:
+    """The ``logOffset`` of a file source's offset line; None for "no offset yet".
+
+    Raises AuditError for offsets of other sources (Kafka, rate, ...), which cannot be replayed.
+    """
+    if offset_json is None:
+        return None
+    try:
+        doc = json.loads(offset_json)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and "logOffset" in doc:
+        return int(doc["logOffset"])
+    if isinstance(doc, int):  # very old file sources wrote a bare number
+        return doc
+    raise AuditError(
+        f"source offset {offset_json[:80]!r} is not a file source's logOffset; only file "
+        "sources (json, csv, parquet, orc, text) can be audited."
+    )
+
+
+def parse_source_log(text: str, what: str = "source log") -> list[SourceFile]:
+    """Parse one source-log file (plain or ``.compact``)."""
+    files: list[SourceFile] = []
+    for line in _log_lines(text, what):
+        if not line.strip():
+            continue
+        doc = json.loads(line)
+        files.append(
+            SourceFile(
+                path=str(doc["path"]),
+                timestamp_ms=int(doc["timestamp"]) if doc.get("timestamp") is not None else None,
+                log_id=int(doc["batchId"]),
+            )
+        )
+    return files
+
+
+def normalise_path(path: str) -> str:
+    """One spelling for a file's URI, so ``file:///a`` (source log) equals ``file:/a`` (_metadata).
+
+    Local files become plain absolute paths; other URIs keep their scheme and authority.
+    """
+    text = unquote(path)
+    if text.startswith("file:"):
+        rest = text[len("file:") :]
+        if rest.startswith("//"):
+            # file://host/path is not local to us; file:///path has an empty authority.
+            rest = rest[2:]
+            if not rest.startswith("/"):
+                return "file://" + rest
+        return "/" + rest.lstrip("/")
+    return text
+
+
+def files_for_log_range(
+    list_names: Callable[[], Iterable[str]],
+    read_text: Callable[[str], str | None],
+    first_log_id: int,
+    last_log_id: int,
+) -> list[SourceFile]:
+    """Entries with ``first_log_id <= log_id <= last_log_id`` from a source-log directory.
+
+    A log number is read from its own file when it still exists, otherwise from the first
+    ``.compact`` file at or after it (compaction keeps every earlier entry).
+    """
+    if last_log_id < first_log_id:
+        return []
+    names = list(list_names())
+    plain = {int(m.group(1)) for n in names if (m := _BATCH_FILE.match(n))}
+    compacts = sorted(int(m.group(1)) for n in names if (m := _COMPACT_FILE.match(n)))
+    result: list[SourceFile] = []
+    compact_cache: dict[int, list[SourceFile]] = {}
+    for log_id in range(first_log_id, last_log_id + 1):
+        if log_id in plain:
+            text = read_text(str(log_id))
+            if text is not None:
+                result.extend(f for f in parse_source_log(text, f"sources log {log_id}"))
+                continue
+        target = next((c for c in compacts if c >= log_id), None)
+        if target is None:
+            raise AuditError(
+                f"the file source's log has no entry for log number {log_id}; the checkpoint "
+                "was cleaned up or damaged, so that batch cannot be audited."
+            )
+        if target not in compact_cache:
+            text = read_text(f"{target}.compact")
+            if text is None:
+                raise AuditError(f"source log {target}.compact vanished while being read; retry.")
+            compact_cache[target] = parse_source_log(text, f"sources log {target}.compact")
+        result.extend(f for f in compact_cache[target] if f.log_id == log_id)
+    return result
+
+
+class FileSystem(Protocol):
+    def list_names(self, directory: str) -> list[str]: ...
+
+    def read_text(self, path: str) -> str | None: ...
+
+    def mtime_seconds(self, path: str) -> float | None: ...
+
+
+class LocalFileSystem:
+    """The driver's own filesystem (local disks, NFS and other mounts)."""
+
+    def list_names(self, directory: str) -> list[str]:
+        try:
+            return os.listdir(directory)
+        except FileNotFoundError:
+            return []
+
+    def read_text(self, path: str) -> str | None:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+
+    def mtime_seconds(self, path: str) -> float | None:
+        try:
+            return os.path.getmtime(path)
+        except FileNotFoundError:
+            return None
+
+
+class HadoopFileSystem:
+    """Any Hadoop filesystem (hdfs, s3a, abfss, gs) reached through the driver's JVM."""
+
+    def __init__(self, spark: Any, root: str) -> None:
+        jvm = spark.sparkContext._jvm
+        self._jvm = jvm
+        conf = spark.sparkContext._jsc.hadoopConfiguration()
+        self._fs = jvm.org.apache.hadoop.fs.Path(root).getFileSystem(conf)
+
+    def _path(self, path: str) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(path)
+
+    def list_names(self, directory: str) -> list[str]:
+        path = self._path(directory)
+        if not self._fs.exists(path):
+            return []
+        return [status.getPath().getName() for status in self._fs.listStatus(path)]
+
+    def read_text(self, path: str) -> str | None:
+        p = self._path(path)
+        if not self._fs.exists(p):
+            return None
+        stream = self._fs.open(p)
+        try:
+            return str(self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+
+    def mtime_seconds(self, path: str) -> float | None:
+        p = self._path(path)
+        if not self._fs.exists(p):
+            return None
+        return float(self._fs.getFileStatus(p).getModificationTime()) / 1000.0
+
+
+def local_root(root: str) -> str | None:
+    """The local directory of a checkpoint root, or None when it lives elsewhere."""
+    if root.startswith("file:"):
+        path = normalise_path(root)
+        return path if path.startswith("/") else None
+    if re.match(r"^[a-zA-Z][\w+.-]+:", root):
+        return None
+    return os.path.abspath(root)
+
+
+class CheckpointReader:
+    """Reads one query's checkpoint; every method re-reads the files (they change under us)."""
+
+    def __init__(self, root: str, fs: FileSystem | None = None) -> None:
+        local = local_root(root)
+        if fs is None:
+            if local is None:
+                raise AuditError(
+                    f"checkpoint {root!r} is not on a local filesystem; pass the SparkSession "
+                    "so it can be read through Hadoop."
+                )
+            fs = LocalFileSystem()
+        self.root = (
+            local if local is not None and isinstance(fs, LocalFileSystem) else root.rstrip("/")
+        )
+        self.fs = fs
+
+    def _join(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    def _batch_ids(self, sub: str) -> list[int]:
+        ids = []
+        for name in self.fs.list_names(self._join(sub)):
+            m = _BATCH_FILE.match(name)
+            if m:
+                ids.append(int(m.group(1)))
+        return sorted(ids)
+
+    def committed_batches(self) -> list[int]:
+        return self._batch_ids("commits")
+
+    def offset_batches(self) -> list[int]:
+        return self._batch_ids("offsets")
+
+    def is_committed(self, batch_id: int) -> bool:
+        return self.fs.read_text(self._join("commits", str(batch_id))) is not None
+
+    def commit_mtime_seconds(self, batch_id: int) -> float | None:
+        return self.fs.mtime_seconds(self._join("commits", str(batch_id)))
+
+    def offsets(self, batch_id: int) -> OffsetsEntry | None:
+        text = self.fs.read_text(self._join("offsets", str(batch_id)))
+        return None if text is None else parse_offsets(batch_id, text)
+
+    def late_watermark_ms(self, batch_id: int) -> int | None:
+        """The watermark batch ``batch_id``'s late-row filter used; None for batch 0 (no filter).
+
+        Spark plans batch N with the offsets metadata of N-1 (also after a restart), so this is
+        exact; a purged ``offsets/N-1`` makes the batch unauditable.
+        """
+        if batch_id == 0:
+            return None
+        previous = self.offsets(batch_id - 1)
+        if previous is None:
+            raise AuditError(
+                f"offsets/{batch_id - 1} is gone from the checkpoint, so the watermark batch "
+                f"{batch_id} used is unknown; raise spark.sql.streaming.minBatchesToRetain or "
+                "keep the audit closer to the query."
+            )
+        return previous.watermark_ms
+
+    def batch_files(self, batch_id: int, source_index: int = 0) -> list[SourceFile]:
+        """The files batch ``batch_id`` read from source ``source_index`` (empty: no new data)."""
+        current = self.offsets(batch_id)
+        if current is None:
+            raise AuditError(
+                f"offsets/{batch_id} is missing from the checkpoint; it cannot be audited."
+            )
+        end = parse_log_offset(_source_offset(current, source_index))
+        if end is None:
+            return []
+        start = -1
+        if batch_id > 0:
+            previous = self.offsets(batch_id - 1)
+            if previous is None:
+                raise AuditError(
+                    f"offsets/{batch_id - 1} is gone from the checkpoint, so the files of batch "
+                    f"{batch_id} are unknown; raise spark.sql.streaming.minBatchesToRetain."
+                )
+            prev = parse_log_offset(_source_offset(previous, source_index))
+            start = -1 if prev is None else prev
+        directory = self._join("sources", str(source_index))
+        return files_for_log_range(
+            lambda: self.fs.list_names(directory),
+            lambda name: self.fs.read_text(f"{directory}/{name}"),
+            start + 1,
+            end,
+        )
+
+
+def _source_offset(entry: OffsetsEntry, source_index: int) -> str | None:
+    if source_index >= len(entry.source_offsets):
+        return None
+    return entry.source_offsets[source_index]
+
+
+def files_of(entries: Sequence[SourceFile]) -> list[str]:
+    """Paths to hand to ``spark.read``, in the order Spark took them."""
+    return [entry.path for entry in entries]
