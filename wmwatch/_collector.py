@@ -69,6 +69,10 @@ class WatchCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
+        for family in self._collect():
+            yield _utf8_labels(family)
+
+    def _collect(self) -> Iterator[Metric]:
         yield from self._query_metrics(self._book.snapshot())
         yield from self._health_metrics()
         for plugin in list(self._plugins()):
@@ -234,6 +238,14 @@ class WatchCollector(Collector):
         server = _gauge("wmwatch_metrics_server_up", "1 when the HTTP endpoint is being served.", [])
         server.add_metric([], 1 if h["metrics_server_up"] else 0)
         yield server
+        if h["spark_listener_bus_readable"]:
+            bus_dropped = _counter(
+                "wmwatch_spark_listener_events_dropped",
+                "Events Spark's listener bus dropped from its 'streams' queue (seen by no listener).",
+                [],
+            )
+            bus_dropped.add_metric([], h["spark_listener_bus_dropped"])  # type: ignore[arg-type]
+            yield bus_dropped
 
         if self._store_health is not None:
             store = self._store_health()
@@ -250,3 +262,24 @@ class WatchCollector(Collector):
             )
             store_dropped.add_metric([], getattr(store, "dropped_total", 0))
             yield from (store_up, pending, written, store_errors, store_dropped)
+
+
+def _utf8(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+def _utf8_labels(family: Metric) -> Metric:
+    """Replace lone surrogates in label values (valid in JSON escapes and Python str, not in UTF-8).
+
+    prometheus-client encodes the whole exposition at once, so one such query or operator name
+    would turn every scrape into an HTTP 500.
+    """
+    for index, sample in enumerate(family.samples):
+        if any(_utf8(value) is not value for value in sample.labels.values()):
+            labels = {key: _utf8(value) for key, value in sample.labels.items()}
+            family.samples[index] = sample._replace(labels=labels)
+    return family

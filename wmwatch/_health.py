@@ -25,6 +25,8 @@ class Health:
         self.listener_mode = "none"
         self.metrics_server_up = False
         self.spark_listener_bus_dropped = 0
+        # False until the bus could be read (Spark Connect and stand-in sessions never can)
+        self.spark_listener_bus_readable = False
 
     def count(self, table: defaultdict[str, int], key: str, amount: int = 1) -> None:
         with self._lock:
@@ -54,4 +56,5 @@ class Health:
                 "listener_mode": self.listener_mode,
                 "metrics_server_up": self.metrics_server_up,
                 "spark_listener_bus_dropped": self.spark_listener_bus_dropped,
+                "spark_listener_bus_readable": self.spark_listener_bus_readable,
             }

@@ -211,3 +211,24 @@ def seed_active_queries(spark: Any, events: EventQueue, health: Health) -> int:
         except Exception:  # noqa: BLE001
             health.error("seed")
     return count
+
+
+# Spark's LiveListenerBus counts what each of its queues drops; streaming events go through "streams".
+_STREAMS_DROPPED_COUNTER = "queue.streams.numDroppedEvents"
+
+
+def spark_streams_events_dropped(spark: Any) -> int | None:
+    """Events Spark's listener bus dropped from its ``streams`` queue, or None when unreadable.
+
+    A full queue makes Spark drop events before any listener sees them (wmwatch then sees a gap
+    in batch ids at best, nothing at all for a lost start or termination). Only classic PySpark
+    exposes the bus (internal API, hence the broad guard); Spark Connect gives None.
+    """
+    if not is_classic(spark):
+        return None
+    try:
+        registry = spark.sparkContext._jsc.sc().listenerBus().metrics().metricRegistry()
+        counter = registry.getCounters().get(_STREAMS_DROPPED_COUNTER)
+        return int(counter.getCount()) if counter is not None else 0
+    except Exception:  # noqa: BLE001 - internal API, or the session is stopping
+        return None

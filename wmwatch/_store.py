@@ -374,6 +374,7 @@ class HistoryStore:
         unclean = wal.exists() and wal.stat().st_size > 0
         deadline = time.monotonic() + timeout_seconds
         con = _connect(path, read_only=False, deadline=deadline)
+        _private_wal(path)
         try:
             migrate(con, path)
             rows = con.execute(
@@ -388,6 +389,7 @@ class HistoryStore:
             raise StoreError(_describe_open_error(path, exc)) from None
         finally:
             con.close()
+            _drop_empty_wal(path)
         if not os.access(path.parent, os.W_OK | os.X_OK) or not os.access(path, os.W_OK):
             raise StoreError(
                 f"cannot write to {path} (read-only or no permission): pass a db path in a writable folder"
@@ -422,6 +424,7 @@ class HistoryStore:
             con = _connect(self.path, read_only=False, deadline=deadline)
         except StoreError as exc:
             raise _Unavailable(str(exc)) from None
+        _private_wal(self.path)
         try:
             # The schema check costs a catalog query per flush: only repeat it for a new file.
             stat = os.stat(self.path)
@@ -523,6 +526,7 @@ class HistoryStore:
                         request.future.set_exception(exc)
         finally:
             con.close()
+            _drop_empty_wal(self.path)
 
     def _write_pending(self, con: duckdb.DuckDBPyConnection) -> None:
         # Only what was pending when the cycle began: writes arriving meanwhile wait for the
@@ -801,6 +805,29 @@ def _connect(path: Path, *, read_only: bool, deadline: float) -> duckdb.DuckDBPy
         return con
 
 
+def _private_wal(path: Path) -> None:
+    """Create the write-ahead log, empty and 0600, before this connection's first write.
+
+    DuckDB creates ``<db>.wal`` with the process umask (0644 with the usual 022) and it holds the
+    rows of every flush until the connection closes; DuckDB keeps the mode of a file it finds.
+    Call right after connecting: an empty log present at open is deleted and recreated.
+    """
+    with contextlib.suppress(OSError):
+        fd = os.open(f"{path}.wal", os.O_CREAT | os.O_WRONLY, _FILE_MODE)
+        try:
+            os.fchmod(fd, _FILE_MODE)
+        finally:
+            os.close(fd)
+
+
+def _drop_empty_wal(path: Path) -> None:
+    """Remove the log :func:`_private_wal` made when the connection closed without writing."""
+    wal = Path(f"{path}.wal")
+    with contextlib.suppress(OSError):
+        if wal.stat().st_size == 0:
+            wal.unlink()
+
+
 def _create_database(path: Path) -> None:
     """Create a migrated database at ``path``, readable by its owner only.
 
@@ -867,8 +894,16 @@ def _describe_open_error(path: Path, exc: BaseException) -> str:
         holder = re.search(r"held in (.+?) \(PID (\d+)\)", text)
         who = f" (PID {holder.group(2)}, {holder.group(1)})" if holder else ""
         return f"{path} is locked by another process{who}: stop it, or pass another db path"
-    if "permission denied" in lower or "read-only" in lower or "read only" in lower:
+    if (
+        "permission denied" in lower
+        or "read-only" in lower
+        or "read only" in lower
+        # EPERM: an immutable file (chattr +i), which even root cannot write
+        or "operation not permitted" in lower
+    ):
         return f"cannot write to {path} (read-only or no permission): pass a db path in a writable folder"
+    if "is a directory" in lower:
+        return f"{path} is a folder, not a file: move it aside or pass another db path"
     if "no such file or directory" in lower:
         return f"{path} or its folder does not exist: create the folder or pass another db path"
     if "newer version" in lower or "storage version" in lower or "older version" in lower:
@@ -910,28 +945,53 @@ def _commit(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _run_writes(con: duckdb.DuckDBPyConnection, items: list[_Pending]) -> None:
-    """Run writes in order, progress rows in bulk; I/O failures mean "database unavailable"."""
+    """Run all progress rows in bulk, then the submitted writes in order.
+
+    Plugins submit a write per batch, so keeping strict interleaving would cut the bulk insert
+    into one ~10-statement upsert per batch: under Spark load that made a flush of a few hundred
+    batches take over 10 s and the writer fall behind. Progress rows are upserts of their own
+    rows that no submitted write has to precede, so they go first. I/O failures mean "database
+    unavailable".
+    """
     import duckdb
 
     try:
-        run: list[_ProgressRows] = []
-        for item in items:
-            if item.progress is not None:
-                run.append(item.progress)
-                continue
-            if run:
-                _write_progress_rows(con, run)
-                run = []
-            if item.write is not None:
-                item.write(con)
+        run = [item.progress for item in items if item.progress is not None]
         if run:
             _write_progress_rows(con, run)
+        for item in items:
+            if item.progress is None and item.write is not None:
+                item.write(con)
     except (duckdb.IOException, OSError) as exc:
         raise _Unavailable(_first_line(exc)) from None
 
 
 def _clean_name(name: str | None) -> str | None:
-    return redact(name)[:200] if name else None
+    return _utf8(redact(name)[:200]) if name else None
+
+
+# A \uD800-\uDFFF escape that is not half of a pair: Python's json accepts it, DuckDB's JSON
+# type refuses the whole document (and the batch row with it).
+_LONE_SURROGATE_ESCAPE = re.compile(
+    r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+
+
+def _utf8(text: str) -> str:
+    """``text`` as valid UTF-8 (lone surrogates replaced): DuckDB refuses anything else."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+def _utf8_json(text: str) -> str:
+    text = _utf8(text)
+    if "\\u" in text:
+        text = _LONE_SURROGATE_ESCAPE.sub("\\\\ufffd", text)
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -1135,7 +1195,7 @@ def _progress_rows(
         snapshot.state_rows_total if has_operators else None,
         snapshot.state_memory_bytes if has_operators else None,
         snapshot.sink_output_rows,
-        snapshot.raw_json,
+        _utf8_json(snapshot.raw_json),
         recorded_at,
         len(snapshot.operators),
         len(snapshot.sources),
@@ -1146,7 +1206,7 @@ def _progress_rows(
             snapshot.query_id,
             snapshot.batch_id,
             op.operator_id,
-            op.name,
+            _utf8(op.name),
             op.rows_total,
             op.rows_updated,
             op.rows_removed,
@@ -1164,7 +1224,7 @@ def _progress_rows(
             snapshot.query_id,
             snapshot.batch_id,
             src.index,
-            src.description,
+            _utf8(src.description),
             src.start_offset,
             src.end_offset,
             src.input_rows,

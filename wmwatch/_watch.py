@@ -27,7 +27,13 @@ from wmwatch._errors import ConfigError, ProgressParseError, WmwatchError
 from wmwatch._events import parse_idle, parse_started, parse_terminated
 from wmwatch._exporter import MetricsServer, serve_metrics
 from wmwatch._health import Health
-from wmwatch._listener import EventQueue, ListenerRegistration, RawEvent, seed_active_queries
+from wmwatch._listener import (
+    EventQueue,
+    ListenerRegistration,
+    RawEvent,
+    seed_active_queries,
+    spark_streams_events_dropped,
+)
 from wmwatch._plugins import WatchPlugin
 from wmwatch._progress import ProgressSnapshot, parse_progress
 from wmwatch._state import QueryBook, QueryState
@@ -35,6 +41,7 @@ from wmwatch._state import QueryBook, QueryState
 log = logging.getLogger("wmwatch")
 
 DEFAULT_METRICS_ADDR = "127.0.0.1"
+SPARK_BUS_POLL_SECONDS = 5.0
 
 
 class Watch:
@@ -78,6 +85,7 @@ class Watch:
         self._stop = threading.Event()
         self._idle = threading.Condition()
         self._in_flight = 0
+        self._bus_drop_log_after = 0.0
 
         self.store: Any = None
         if db is not None:
@@ -275,8 +283,33 @@ class Watch:
 
     # -- the worker --------------------------------------------------------------------------
 
+    def _poll_spark_bus(self) -> None:
+        dropped = spark_streams_events_dropped(self.spark)
+        if dropped is None:
+            return
+        now = time.monotonic()
+        if dropped > self.health.spark_listener_bus_dropped and now >= self._bus_drop_log_after:
+            # once, then at most every 10 minutes while it keeps dropping: never fill the driver log
+            self._bus_drop_log_after = now + 600.0
+            log.warning(
+                "wmwatch: Spark's listener bus dropped %d streaming event(s) so far (its 'streams' "
+                "queue was full): raise spark.scheduler.listenerbus.eventqueue.streams.capacity "
+                "or remove slow listeners",
+                dropped,
+            )
+        self.health.spark_listener_bus_dropped = dropped
+        self.health.spark_listener_bus_readable = True
+
     def _run(self) -> None:
+        next_bus_poll = 0.0
         while True:
+            if time.monotonic() >= next_bus_poll:
+                # a few py4j calls: cheap, but not per event
+                next_bus_poll = time.monotonic() + SPARK_BUS_POLL_SECONDS
+                try:
+                    self._poll_spark_bus()
+                except Exception:  # noqa: BLE001 - the worker must survive anything
+                    self.health.error("spark_bus")
             event = self._events.get(timeout=0.1)
             if event is None:
                 if self._stop.is_set():

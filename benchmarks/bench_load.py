@@ -1,0 +1,93 @@
+"""Load benchmark of wmwatch's worker without Spark: sustained events/s, queue and memory.
+
+Feeds realistic progress events (the JSON Spark's listener hands wmwatch) for 20 queries into a
+real Watch (queue -> worker -> query book -> DuckDB writer thread -> /metrics) from several
+threads, first at fixed rates (is every event handled with no drop and a short queue?), then as
+fast as possible (what the worker sustains). The Spark-level figures (20 real queries in one
+local[2] session) come from tests/test_load.py.
+
+    python benchmarks/bench_load.py [--seconds 10] [--rates 500,1000,2000,4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import wmwatch  # noqa: E402
+from tests.scripts.safety_support import NoQueriesSession, progress_event_json, rss_bytes  # noqa: E402
+
+THREADS = 4
+QUERIES_PER_THREAD = 5
+
+
+def run_rate(rate: float, seconds: float, work: Path) -> dict[str, Any]:
+    """Offer ``rate`` events/s for ``seconds``; 0 means as fast as the feeders can."""
+    db = work / f"rate-{int(rate)}.duckdb"
+    watch = wmwatch.attach(NoQueriesSession(), db=str(db), metrics_port=None, listener="stock")
+    per_thread = int((rate or 20_000) * seconds / THREADS)
+    payloads = [
+        [progress_event_json(f"t{t}q{i % QUERIES_PER_THREAD}", i // QUERIES_PER_THREAD)
+         for i in range(per_thread)]
+        for t in range(THREADS)
+    ]
+
+    def feed(items: list[str]) -> None:
+        begin = time.perf_counter()
+        for index, payload in enumerate(items):
+            if rate:
+                delay = begin + index / (rate / THREADS) - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+            watch._events.offer("progress", payload)
+
+    rss_before = rss_bytes()
+    threads = [threading.Thread(target=feed, args=(p,)) for p in payloads]
+    begin = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    queue_max = 0
+    while any(t.is_alive() for t in threads):
+        queue_max = max(queue_max, watch._events.size())
+        time.sleep(0.01)
+    offered_seconds = time.perf_counter() - begin
+    watch.flush(timeout=300)
+    total_seconds = time.perf_counter() - begin
+    health = watch.health.copy()
+    handled = health["processed"].get("progress", 0)  # type: ignore[attr-defined]
+    dropped = health["dropped"].get("progress", 0)  # type: ignore[attr-defined]
+    rss_after = rss_bytes()
+    watch.close()
+    return {
+        "rate": rate, "offered": per_thread * THREADS, "handled": handled, "dropped": dropped,
+        "offered_seconds": offered_seconds, "handled_per_second": handled / total_seconds,
+        "queue_max": queue_max, "rss_before": rss_before, "rss_after": rss_after,
+        "db_bytes": db.stat().st_size,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rates", default="500,1000,2000,4000")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        work = Path(folder)
+        print(f"{THREADS} feeder threads, {THREADS * QUERIES_PER_THREAD} queries, {args.seconds:g} s per rate")
+        print(f"{'offered/s':>10} {'handled':>8} {'dropped':>8} {'handled/s':>10} {'queue max':>9} {'RSS MB':>14}")
+        for rate in [float(r) for r in args.rates.split(",")] + [0.0]:
+            r = run_rate(rate, args.seconds, work)
+            label = f"{rate:.0f}" if rate else "max"
+            print(f"{label:>10} {r['handled']:>8} {r['dropped']:>8} {r['handled_per_second']:>10.0f} "
+                  f"{r['queue_max']:>9} {r['rss_before'] / 1e6:>6.1f}->{r['rss_after'] / 1e6:<6.1f}")
+
+
+if __name__ == "__main__":
+    main()
