@@ -312,4 +312,6 @@ def test_spark_listener_bus_drops_are_detected_and_counted(tmp_path: Path) -> No
     assert out["spark_dropped_total"] is not None and out["spark_dropped_total"] > 0
     assert gaps > 0, "the bus dropped no progress event: the test did not put it under pressure"
     assert out["missed_total"] == gaps
+    # stopped, even when the bus dropped its termination event
+    assert out["query_up_after_stop"] == 0
     assert "Spark's listener bus dropped" in done.stderr

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from wmwatch._health import HANDLING_BUCKETS_SECONDS, Health
 from wmwatch._plugins import WatchPlugin
 from wmwatch._progress import to_epoch_seconds
+from wmwatch._redact import valid_utf8 as _utf8
 from wmwatch._state import QueryBook, QueryState
 
 log = logging.getLogger("wmwatch")
@@ -262,14 +263,6 @@ class WatchCollector(Collector):
             )
             store_dropped.add_metric([], getattr(store, "dropped_total", 0))
             yield from (store_up, pending, written, store_errors, store_dropped)
-
-
-def _utf8(text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
 
 
 def _utf8_labels(family: Metric) -> Metric:

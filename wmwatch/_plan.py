@@ -22,6 +22,7 @@ watch's worker thread; their cost is kept in :attr:`PlanPlugin.costs`.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -461,8 +462,13 @@ class PlanPlugin(WatchPlugin):
         jump_min_seconds: float = 3600.0,
         findings_update_interval_seconds: float = 30.0,
         side_count_every_batches: int | None = 20,
+        min_read_interval_seconds: float = 1.0,
     ) -> None:
         self._watch = watch
+        # py4j reads compete with the watched query for the driver: at most one per query per
+        # interval (the newest progress wins), however many batches a second it runs
+        self.min_read_interval_seconds = min_read_interval_seconds
+        self._last_read: dict[str, float] = {}
         self.state_budget_bytes = state_budget_bytes
         self.growth_window_batches = growth_window_batches
         self.min_growth_batches = min_growth_batches
@@ -572,12 +578,21 @@ class PlanPlugin(WatchPlugin):
     def _inspect_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._requests and not self._closed:
-                    self._cond.wait(0.5)
-                if self._closed:
-                    return
-                query_id, snapshot = next(iter(self._requests.items()))
-                del self._requests[query_id]
+                while True:
+                    if self._closed:
+                        return
+                    now = time.monotonic()
+                    waits = {
+                        qid: self._last_read.get(qid, -math.inf) + self.min_read_interval_seconds - now
+                        for qid in self._requests
+                    }
+                    ready = [qid for qid, wait in waits.items() if wait <= 0]
+                    if ready:
+                        break
+                    self._cond.wait(min(waits.values(), default=0.5))
+                query_id = ready[0]
+                snapshot = self._requests.pop(query_id)
+                self._last_read[query_id] = now
                 self._busy = True
             try:
                 self._inspect(snapshot)

@@ -1,4 +1,4 @@
-"""Redaction of credentials in paths and source descriptions before they are stored or exported."""
+"""Cleaning text before it is stored or exported: credentials masked, invalid UTF-8 replaced."""
 
 from __future__ import annotations
 
@@ -23,3 +23,13 @@ def redact(text: str) -> str:
         return text
     text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
     return _SECRET_PAIR.sub(lambda m: f"{m.group('key')}{m.group('sep')}{REDACTED}", text)
+
+
+def valid_utf8(text: str) -> str:
+    """``text`` as valid UTF-8: lone surrogates (legal in Python strings and JSON escapes, not in
+    UTF-8) become U+FFFD, since DuckDB and the exposition format refuse them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text

@@ -41,6 +41,7 @@ from wmwatch._errors import StoreError
 from wmwatch._events import QueryStarted, QueryTerminated
 from wmwatch._progress import ProgressSnapshot
 from wmwatch._redact import redact
+from wmwatch._redact import valid_utf8 as _utf8
 from wmwatch._schema import LATEST_VERSION, MIGRATIONS, VERSION_TABLE
 
 if TYPE_CHECKING:
@@ -976,15 +977,6 @@ _LONE_SURROGATE_ESCAPE = re.compile(
     r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
     r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
 )
-
-
-def _utf8(text: str) -> str:
-    """``text`` as valid UTF-8 (lone surrogates replaced): DuckDB refuses anything else."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
 
 
 def _utf8_json(text: str) -> str:

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from wmwatch._collector import WatchCollector
 from wmwatch._errors import ConfigError, ProgressParseError, WmwatchError
-from wmwatch._events import parse_idle, parse_started, parse_terminated
+from wmwatch._events import QueryTerminated, parse_idle, parse_started, parse_terminated
 from wmwatch._exporter import MetricsServer, serve_metrics
 from wmwatch._health import Health
 from wmwatch._listener import (
@@ -299,6 +299,24 @@ class Watch:
             )
         self.health.spark_listener_bus_dropped = dropped
         self.health.spark_listener_bus_readable = True
+        if dropped > 0:
+            self._reconcile_with_active_queries()
+
+    def _reconcile_with_active_queries(self) -> None:
+        """Once Spark has dropped events, a lost termination would leave a query "up" forever:
+        mark queries that Spark no longer runs as terminated (the exception, if any, is lost)."""
+        active = {str(query.id) for query in self.spark.streams.active}
+        for state in self.book.snapshot():
+            if state.status == "active" and state.query_id not in active:
+                lost = QueryTerminated(state.query_id, state.run_id, None, None, None)
+                log.warning(
+                    "wmwatch: query %s stopped but its termination event was lost; marking it stopped",
+                    state.label,
+                )
+                self.book.on_terminated(lost)
+                if self.store is not None:
+                    self.store.record_query_terminated(lost)
+                self._tell("on_query_terminated", lost)
 
     def _run(self) -> None:
         next_bus_poll = 0.0

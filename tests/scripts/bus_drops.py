@@ -84,6 +84,7 @@ def main(work: Path, seconds: float) -> None:
         "received": received,
         "missed_total": samples.get(("wmwatch_progress_events_missed_total", (("query", "bus_pressure"),))),
         "spark_dropped_total": samples.get(("wmwatch_spark_listener_events_dropped_total", ())),
+        "query_up_after_stop": samples.get(("wmwatch_query_up", (("query", "bus_pressure"),))),
     }))
     spark.stop()
 
