@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -44,10 +45,8 @@ def spark() -> Iterator[object]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     for query in session.streams.active:
-        try:
+        with contextlib.suppress(Exception):  # best effort at teardown
             query.stop()
-        except Exception:  # noqa: BLE001 - best effort at teardown
-            pass
     session.stop()
 
 
