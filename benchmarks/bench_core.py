@@ -147,6 +147,7 @@ def bench_throughput(spark: Any, work: Path, files: int, rounds: int) -> dict[st
     rows_per_file = 400
     write_files(folder, files, rows_per_file)
     timings: dict[str, list[float]] = {"without": [], "with": []}
+    plan_costs: dict[str, list[float]] = {}
     order = [m for r in range(rounds) for m in (("without", "with") if r % 2 == 0 else ("with", "without"))]
     for index, mode in enumerate(["without", "with", *order]):
         watch = None
@@ -157,6 +158,9 @@ def bench_throughput(spark: Any, work: Path, files: int, rounds: int) -> dict[st
         query.awaitTermination()
         elapsed = time.perf_counter() - t0
         if watch is not None:
+            for plugin in watch.plugins():
+                for kind, samples in getattr(plugin, "costs", {}).items():
+                    plan_costs.setdefault(kind, []).extend(samples)
             watch.close()
         if index >= 2:  # the first pair warms the JVM, codegen and the file listing
             timings[mode].append(elapsed)
@@ -168,6 +172,10 @@ def bench_throughput(spark: Any, work: Path, files: int, rounds: int) -> dict[st
         "rows_per_s_with": rows / with_,
         "ratio": without / with_,
         "runs": len(order),
+        "plan_inspect_ms": statistics.median(plan_costs.get("inspect_seconds") or [0.0]) * 1000,
+        "plan_inspections": len(plan_costs.get("inspect_seconds", [])),
+        "plan_read_ms": statistics.median(plan_costs.get("read_seconds") or [0.0]) * 1000,
+        "plan_reads": len(plan_costs.get("read_seconds", [])),
     }
 
 
@@ -244,6 +252,8 @@ def main() -> None:
         tp = bench_throughput(spark, work, files=40 if args.quick else 80, rounds=2 if args.quick else 8)
         print(f"2. throughput ({tp['runs']} runs alternated): without {tp['rows_per_s_without']:.0f} rows/s, "
               f"with wmwatch {tp['rows_per_s_with']:.0f} rows/s -> ratio {tp['ratio']:.3f}")
+        print(f"   plan checks during those runs: {tp['plan_inspections']:.0f} plan walks, median "
+              f"{tp['plan_inspect_ms']:.1f} ms; {tp['plan_reads']:.0f} watermark reads, median {tp['plan_read_ms']:.1f} ms")
         fr = bench_freshness(spark, work, seconds=10 if args.quick else 30)
         print(f"3. freshness over {fr['batches']} batches ({fr['batches_per_second']:.1f} batches/s): "
               f"p50 {fr['p50_s']*1000:.0f} ms, p99 {fr['p99_s']*1000:.0f} ms, max {fr['max_s']*1000:.0f} ms")
