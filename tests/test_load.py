@@ -89,6 +89,17 @@ def test_twenty_concurrent_queries_with_idle_and_terminations(spark: Any, tmp_pa
         )
 
     samples: list[dict[str, float]] = []
+    # keep every progress of the run (default: the last 100) to compare with the history
+    previous_recent = spark.conf.get("spark.sql.streaming.numRecentProgressUpdates")
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
+    try:
+        _run_twenty(spark, tmp_path, db, port, queries, stopped, samples, run_seconds, start_rate, start_files)
+    finally:
+        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", previous_recent)
+
+
+def _run_twenty(spark: Any, tmp_path: Path, db: Path, port: int, queries: list[Any], stopped: list[Any],
+                samples: list[dict[str, float]], run_seconds: float, start_rate: Any, start_files: Any) -> None:
     with wmwatch.attach(spark, db=str(db), metrics_port=port) as watch:
         assert watch.metrics_url is not None
         try:
