@@ -122,10 +122,6 @@ class ProgressSnapshot:
     def state_memory_bytes(self) -> int:
         return sum(op.memory_used_bytes or 0 for op in self.operators)
 
-    @property
-    def is_no_data_batch(self) -> bool:
-        return not self.input_rows and self.event_time_max_at is None
-
 
 def query_label(name: str | None, query_id: str) -> str:
     """The value of the ``query`` label: the name (bounded, redacted) or the id."""

@@ -177,12 +177,9 @@ class Watch:
     ) -> list[WatchPlugin]:
         plugins: list[WatchPlugin] = []
         if inspect_plans:
-            try:
-                from wmwatch._plan import PlanPlugin
-            except ImportError:
-                PlanPlugin = None  # type: ignore[assignment,misc]  # noqa: N806
-            if PlanPlugin is not None:
-                plugins.append(PlanPlugin(self, state_budget_bytes=state_budget_bytes))
+            from wmwatch._plan import PlanPlugin
+
+            plugins.append(PlanPlugin(self, state_budget_bytes=state_budget_bytes))
         if pushgateway:
             from wmwatch._push import PushPlugin
 

@@ -14,21 +14,16 @@ from pathlib import Path
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+from connect_session import local_connect_session  # noqa: E402 - beside this script
+
 
 def main(work: Path) -> None:
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     import wmwatch
     from wmwatch._plan import PlanPlugin
 
-    spark = (
-        SparkSession.builder.remote("local[2]")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
+    spark = local_connect_session()
     for side in ("l", "r"):
         (work / side).mkdir()
     watch = wmwatch.attach(spark, db=str(work / "h.duckdb"), metrics_port=None)
