@@ -9,6 +9,10 @@
    audited every committed batch.
 2. Audit write rate: one batch whose rows are all late, audited after the fact, into DuckDB and
    into Parquet (rows per second, replay included).
+3. A late-row storm (``--storm-rows``, 5 million by default): that many rows, all behind the
+   watermark, in one batch of a query on Spark's default driver memory, in a driver process of
+   its own (``tests/scripts/late_storm.py``, the scenario of ``tests/test_audit_storm.py``):
+   rows per second audited and the driver's peak Python RSS.
 
 Prints one line per figure; takes a few minutes on 2 cores.
 """
@@ -20,6 +24,8 @@ import json
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -184,13 +190,55 @@ def audit_rate(spark: Any, folder: Path, rows: int, sink: str) -> tuple[int, flo
     return late, seconds
 
 
+def storm(rows: int) -> None:
+    """The late-row storm scenario in a driver of its own, with a Parquet overflow folder."""
+    script = Path(__file__).resolve().parents[1] / "tests" / "scripts" / "late_storm.py"
+    work = Path(tempfile.mkdtemp(prefix="wmwatch-bench-storm-"))
+    try:
+        run = subprocess.run(
+            [sys.executable, str(script), str(work), str(rows), "--parquet"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "PYTHONPATH": str(script.parents[2])},
+        )
+        if run.returncode != 0:
+            print(f"storm: the driver failed:\n{run.stderr[-3000:]}")
+            return
+        result = json.loads(run.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    status = result["status"]
+    mib = 1024 * 1024
+    print(
+        f"storm: {rows:,} late rows in one batch; query alive {result['query_alive']}, "
+        f"{len(result['batches_after_storm'])} batches after it; audited {status['late_rows']:,} "
+        f"({status['late_rows'] - status['late_rows_over_cap']:,} kept in DuckDB, all in Parquet) "
+        f"in {result['audit_after_commit_seconds']:.1f} s after the batch committed = "
+        f"{result['audit_rows_per_second']:,} rows/s; the query's own batch took "
+        f"{result['query_seconds']:.1f} s; driver Python RSS {result['rss_baseline_bytes'] / mib:.0f} "
+        f"MiB before, peak {result['rss_peak_bytes'] / mib:.0f} MiB "
+        f"(+{(result['rss_peak_bytes'] - result['rss_baseline_bytes']) / mib:.0f} MiB)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=16)
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--rate-rows", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--storm-rows", type=int, default=5_000_000)
+    parser.add_argument(
+        "--only", choices=("throughput", "rate", "storm"), default=None, help="run one part"
+    )
     args = parser.parse_args()
+    from _machine import print_machine
+
+    print_machine()
+    if args.only == "storm":
+        storm(args.storm_rows)
+        return
 
     from pyspark.sql import SparkSession
 
@@ -212,7 +260,7 @@ def main() -> None:
         print(
             f"input: {args.files} JSON files x {args.rows} rows, one file per batch; load avg {os.getloadavg()[0]:.1f}"
         )
-        for late_fraction in (0.0, 0.01):
+        for late_fraction in (0.0, 0.01) if args.only in (None, "throughput") else ():
             folder = base / f"late{late_fraction}"
             late_rows = write_input(folder / "in", args.files, args.rows, late_fraction)
             # warm both code paths (JIT, caches) before anything is timed
@@ -236,7 +284,7 @@ def main() -> None:
                 f"{status['batches_skipped']}; replay time {status['replay_seconds']:.1f} s; audit caught "
                 f"up {last['caught_up_seconds']:.1f} s after the query finished"
             )
-        for sink in ("duckdb", "parquet"):
+        for sink in ("duckdb", "parquet") if args.only in (None, "rate") else ():
             audit_rate(spark, base, args.rate_rows // 10, sink)  # warm-up
             late, seconds = audit_rate(spark, base, args.rate_rows, sink)
             print(
@@ -245,6 +293,8 @@ def main() -> None:
     finally:
         spark.stop()
         shutil.rmtree(base, ignore_errors=True)
+    if args.only is None:
+        storm(args.storm_rows)
 
 
 if __name__ == "__main__":

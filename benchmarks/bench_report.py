@@ -141,7 +141,8 @@ def build_history(path: Path, *, batches: int, queries: int = 4) -> None:
         )
         con.execute(
             """
-            INSERT INTO audit_batches
+            INSERT INTO audit_batches (query_id, batch_id, run_id, late_watermark_at, late_rows,
+                                       sink, location, audited_at)
             SELECT query_id, batch_id, any_value(run_id), any_value(watermark_at), count(*),
                    'duckdb', NULL, max(audited_at)
             FROM late_rows GROUP BY query_id, batch_id

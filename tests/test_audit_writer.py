@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.test_store import progress
-from wmwatch._audit import _batch_writer
+from wmwatch._audit import _batch_writer, _Found, _pending_writer
 from wmwatch._audit_report import (
     WindowGrid,
     delay_to_keep,
@@ -54,7 +54,11 @@ ROWS = [
 
 
 def write(
-    store: HistoryStore, batch_id: int, rows: Any, count: int, wm_s: int | None = T + 25
+    store: HistoryStore,
+    batch_id: int,
+    found: _Found,
+    wm_s: int | None = T + 25,
+    sink: str = "duckdb",
 ) -> None:
     store.submit(
         _batch_writer(
@@ -64,33 +68,29 @@ def write(
             batch_id=batch_id,
             late_wm_ms=None if wm_s is None else wm_s * 1000,
             kind="window",
-            rows=rows,
-            count=count,
-            sink="duckdb",
-            location=None,
+            found=found,
+            sink=sink,
         ),
         description=f"test batch {batch_id}",
     )
 
 
-@pytest.mark.parametrize("shape", ["tuples", "arrow"])
+def stage(store: HistoryStore, batch_id: int, attempt: str, rows: list[Any]) -> None:
+    store.submit(_pending_writer("q-1", batch_id, attempt, rows), description="staged chunk")
+
+
+@pytest.mark.parametrize("shape", ["one_write", "staged_chunks"])
 def test_batch_write_is_idempotent_and_exact(tmp_path: Path, shape: str) -> None:
-    rows: Any = list(ROWS)
-    if shape == "arrow":
-        columns = list(zip(*ROWS, strict=True))
-        rows = pa.table(
-            {
-                "event_time_us": pa.array(columns[0], pa.int64()),
-                "window_start_us": pa.array(columns[1], pa.int64()),
-                "window_end_us": pa.array(columns[2], pa.int64()),
-                "source_file": pa.array(columns[3]),
-                "row_data": pa.array(columns[4]),
-            }
-        )
     with HistoryStore(tmp_path / "h.duckdb") as store:
-        write(store, 4, rows, 3)
-        write(store, 4, rows, 3)  # a retried write, or a re-audit after a crash
-        write(store, 5, None, 0)
+        for attempt in ("first", "second"):  # a retried write, or a re-audit after a crash
+            if shape == "one_write":
+                found = _Found(total=3, rows=list(ROWS))
+            else:
+                stage(store, 4, attempt, ROWS[:2])
+                stage(store, 4, attempt, ROWS[2:])
+                found = _Found(total=3, attempt=attempt, staged=3)
+            write(store, 4, found)
+        write(store, 5, _Found.nothing())
         assert store.flush(10)
         got = store.read(
             lambda con: con.execute(
@@ -111,9 +111,48 @@ def test_batch_write_is_idempotent_and_exact(tmp_path: Path, shape: str) -> None
     assert marks == [(4, 3, T + 25, "duckdb"), (5, 0, T + 25, "duckdb")]
 
 
+def test_interrupted_replay_leaves_nothing_and_storm_counts_are_kept(tmp_path: Path) -> None:
+    """A crash between chunks leaves staged rows of an attempt that never got its marker: they
+    never reach late_rows, and the next attempt's rows replace them. A batch over the cap
+    records how many rows it found, kept and only counted."""
+    path = tmp_path / "h.duckdb"
+    with HistoryStore(path) as store:
+        for batch_id in range(5):
+            store.record_progress(progress(batch_id))
+        stage(store, 4, "crashed", ROWS)  # no marker: the driver died here
+        assert store.flush(10)
+        assert store.read(lambda con: con.execute("SELECT count(*) FROM late_rows").fetchone()) == (0,)
+        stage(store, 4, "retry", ROWS[:1])
+        write(store, 4, _Found(total=1_000, attempt="retry", staged=1))
+        assert store.flush(10)
+        kept = store.read(
+            lambda con: con.execute("SELECT row_data::VARCHAR FROM late_rows").fetchall()
+        )
+        left = store.read(
+            lambda con: con.execute("SELECT count(*) FROM late_rows_pending").fetchone()
+        )
+        marks = store.read(
+            lambda con: con.execute(
+                "SELECT late_rows, rows_kept, rows_over_cap, overflow_location FROM audit_batches"
+            ).fetchall()
+        )
+    assert kept == [('{"id":5}',)]
+    assert left == (0,)
+    assert marks == [(1_000, 1, 999, None)]
+    with open_readonly(path) as con:
+        doc = report_dict(build_report(con, db=str(path), now=datetime(2026, 1, 2, tzinfo=UTC)))
+    section = next(q for q in doc["queries"] if q["query"] == "clicks")["late_rows"]
+    assert (section["late_rows"], section["late_rows_kept"], section["late_rows_not_kept"]) == (
+        1_000,
+        1,
+        999,
+    )
+    assert section["batches_over_cap"] == 1
+
+
 def test_batch_zero_marker_has_no_watermark(tmp_path: Path) -> None:
     with HistoryStore(tmp_path / "h.duckdb") as store:
-        write(store, 0, None, 0, wm_s=None)
+        write(store, 0, _Found.nothing(), wm_s=None)
         assert store.flush(10)
         marks = store.read(
             lambda con: con.execute(
@@ -151,22 +190,8 @@ def test_report_reads_duckdb_and_parquet_audit_rows(tmp_path: Path) -> None:
     with HistoryStore(path) as store:
         for batch_id in range(6):
             store.record_progress(progress(batch_id))
-        write(store, 4, list(ROWS), 3)
-        store.submit(
-            _batch_writer(
-                query_id="q-1",
-                query_name="clicks",
-                run_id="run-1",
-                batch_id=5,
-                late_wm_ms=(T + 40) * 1000,
-                kind="window",
-                rows=None,
-                count=1,
-                sink="parquet",
-                location=str(parquet_dir),
-            ),
-            description="parquet marker",
-        )
+        write(store, 4, _Found(total=3, rows=list(ROWS)))
+        write(store, 5, _Found.all_in_parquet(1, str(parquet_dir)), wm_s=T + 40, sink="parquet")
     with open_readonly(path) as con:
         doc = report_dict(build_report(con, db=str(path), now=datetime(2026, 1, 2, tzinfo=UTC)))
     section = next(q for q in doc["queries"] if q["query"] == "clicks")["late_rows"]

@@ -191,7 +191,9 @@ def _add_audit(path: Path, parquet_dir: Path) -> None:
             """
         )
         con.execute(
-            "INSERT INTO audit_batches VALUES ('q-1', 4, 'run-1', NULL, 3, 'duckdb', NULL, now()), "
+            "INSERT INTO audit_batches (query_id, batch_id, run_id, late_watermark_at, "
+            "late_rows, sink, location, audited_at) "
+            "VALUES ('q-1', 4, 'run-1', NULL, 3, 'duckdb', NULL, now()), "
             "('q-1', 5, 'run-1', NULL, 1, 'parquet', ?, now()), "
             "('q-1', 6, 'run-1', NULL, 1, 'parquet', ?, now())",
             (f"file://{parquet_dir}", str(parquet_dir.parent / "gone")),

@@ -214,7 +214,9 @@ def test_submitted_write_runs_in_order_and_a_bad_one_is_skipped(store: HistorySt
     def good(n: int) -> Any:
         def write(con: duckdb.DuckDBPyConnection) -> None:
             con.execute(
-                "INSERT OR REPLACE INTO audit_batches VALUES ('q-1', ?, 'r', NULL, 0, 'duckdb', NULL, now())",
+                "INSERT OR REPLACE INTO audit_batches (query_id, batch_id, run_id, "
+                "late_watermark_at, late_rows, sink, location, audited_at) "
+                "VALUES ('q-1', ?, 'r', NULL, 0, 'duckdb', NULL, now())",
                 (n,),
             )
 
@@ -568,7 +570,9 @@ def test_retention_deletes_old_history_and_keeps_the_rest(tmp_path: Path) -> Non
                 (old, recent),
             )
             con.execute(
-                "INSERT INTO audit_batches VALUES ('q-1', 0, 'r', NULL, 1, 'duckdb', NULL, ?), "
+                "INSERT INTO audit_batches (query_id, batch_id, run_id, late_watermark_at, "
+                "late_rows, sink, location, audited_at) "
+                "VALUES ('q-1', 0, 'r', NULL, 1, 'duckdb', NULL, ?), "
                 "('q-1', 2, 'r', NULL, 1, 'duckdb', NULL, ?)",
                 (old, recent),
             )

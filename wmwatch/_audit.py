@@ -12,9 +12,18 @@ batch N, replay exactly N's input and apply N's late-row rule in Spark.
 - *Exactly once*: the late rows of N and its ``audit_batches`` marker are written in one DuckDB
   transaction after deleting N's rows (Parquet: the batch directory is overwritten first, the
   marker written after); on start the audit resumes after the batches already marked.
+- *Bounded, whatever the data does*: late rows reach the driver in chunks of at most
+  :data:`CHUNK_BYTES` (each row's ``row_data`` is at most ``max_row_bytes``), never a batch at
+  once. A batch that fits one chunk is written in one transaction; a larger one is staged chunk
+  by chunk in ``late_rows_pending`` and moved into ``late_rows`` together with its marker. At most
+  ``max_rows_per_batch`` rows of a batch are kept in DuckDB; the rest are counted (and written to
+  Parquet when ``parquet_path`` is set). Every Spark job runs under a deadline
+  (:mod:`wmwatch._spark_jobs`).
 
 The work runs on the audit's own thread in its own FAIR scheduler pool; the plugin hook on the
 watch's worker thread only records "batch N finished, min event time X" and wakes that thread.
+One :class:`AuditPlugin` per watch holds every audit and exports each metric family once, with
+counters that continue across a query's runs.
 """
 
 from __future__ import annotations
@@ -22,12 +31,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,10 +56,18 @@ from wmwatch._checkpoint import CheckpointReader, HadoopFileSystem, local_root, 
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 from wmwatch._plugins import WatchPlugin
 from wmwatch._progress import ProgressSnapshot, query_label
+from wmwatch._spark_jobs import bounded_job
 
 log = logging.getLogger("wmwatch.audit")
 
 SUPPORTED_FORMATS = ("json", "csv", "parquet", "orc", "text", "avro")
+# The most late-row bytes that move from Spark to the driver at once (one chunk).
+CHUNK_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_ROWS_PER_BATCH = 100_000
+DEFAULT_MAX_ROW_BYTES = 16 * 1024
+DEFAULT_JOB_TIMEOUT_SECONDS = 900.0
+# Bytes a late row costs besides row_data (three longs, the source path, Python objects).
+_ROW_OVERHEAD_BYTES = 256
 SINKS = ("duckdb", "parquet")
 _SOURCE_FILE_COL = "__wmwatch_source_file"
 _WINDOW_COL = "__wmwatch_window"
@@ -85,6 +104,8 @@ class _Counters:
     batches_replayed: int = 0
     batches_skipped: int = 0
     late_rows: int = 0
+    late_rows_over_cap: int = 0
+    batches_over_cap: int = 0
     errors: int = 0
     last_error: str | None = None
     last_audited_batch: int | None = None
@@ -240,17 +261,64 @@ class AuditHandle:
         self.stop()
 
 
+@dataclass
+class _QueryTotals:
+    """Counters of a query's audits that ended, so its counters continue across runs."""
+
+    late_rows: int = 0
+    late_rows_over_cap: int = 0
+    batches_over_cap: int = 0
+    errors: int = 0
+
+    def add(self, status: dict[str, Any]) -> None:
+        self.late_rows += int(status["late_rows"])
+        self.late_rows_over_cap += int(status["late_rows_over_cap"])
+        self.batches_over_cap += int(status["batches_over_cap"])
+        self.errors += int(status["errors"])
+
+
 class AuditPlugin(WatchPlugin):
-    """Hooks the audit onto the watch: wake-ups from progress, metrics at scrape time."""
+    """Every audit of one watch: wake-ups from progress, and one set of metric families.
+
+    A query has at most one running audit. When its run stops, the audit finishes the batches
+    that run committed and ends; auditing the restarted query starts a new audit that resumes
+    from the checkpoint. Counters are per query label and continue across those audits, so a
+    restart neither resets them nor exports the same series twice.
+    """
 
     name = "audit"
 
-    def __init__(self, auditor: _Auditor) -> None:
-        self._auditor = auditor
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[str, _Auditor] = {}
+        self._ended: dict[str, _QueryTotals] = {}
+
+    def add(self, auditor: _Auditor) -> None:
+        """Register a started audit, ending the query's previous one first."""
+        with self._lock:
+            previous = self._running.get(auditor.query_id)
+        if previous is not None:
+            previous.stop(30.0)
+        with self._lock:
+            self._running[auditor.query_id] = auditor
+        auditor.on_stop = lambda: self._ended_audit(auditor)
+
+    def _ended_audit(self, auditor: _Auditor) -> None:
+        status = auditor.status()
+        with self._lock:
+            if self._running.get(auditor.query_id) is auditor:
+                del self._running[auditor.query_id]
+            self._ended.setdefault(auditor.label, _QueryTotals()).add(status)
+
+    def running(self) -> list[_Auditor]:
+        with self._lock:
+            return list(self._running.values())
 
     def on_progress(self, snapshot: ProgressSnapshot) -> None:
-        if snapshot.query_id == self._auditor.query_id:
-            self._auditor.note_progress(
+        with self._lock:
+            auditor = self._running.get(snapshot.query_id)
+        if auditor is not None:
+            auditor.note_progress(
                 snapshot.batch_id,
                 _ms(snapshot.event_time_min_at),
                 snapshot.run_id,
@@ -258,14 +326,59 @@ class AuditPlugin(WatchPlugin):
             )
 
     def on_query_terminated(self, event: Any) -> None:
-        if getattr(event, "query_id", None) == self._auditor.query_id:
-            self._auditor.wake()
+        with self._lock:
+            auditor = self._running.get(getattr(event, "query_id", ""))
+        if auditor is not None and auditor.run_id in (None, getattr(event, "run_id", None)):
+            auditor.finish()
 
     def collect(self) -> Iterable[Metric]:
-        return self._auditor.metrics()
+        late = CounterMetricFamily(
+            "wmwatch_late_rows_audited",
+            "Input rows the audit found dropped as late.",
+            labels=["query"],
+        )
+        over_cap = CounterMetricFamily(
+            "wmwatch_late_rows_over_cap",
+            "Late rows found in batches over max_rows_per_batch and not kept in DuckDB.",
+            labels=["query"],
+        )
+        storms = CounterMetricFamily(
+            "wmwatch_audit_batches_over_cap",
+            "Audited batches with more late rows than max_rows_per_batch.",
+            labels=["query"],
+        )
+        lag_b = GaugeMetricFamily(
+            "wmwatch_audit_lag_batches", "Committed batches not yet audited.", labels=["query"]
+        )
+        lag_s = GaugeMetricFamily(
+            "wmwatch_audit_lag_seconds",
+            "Age of the oldest committed batch not yet audited.",
+            labels=["query"],
+        )
+        errors = CounterMetricFamily(
+            "wmwatch_audit_errors", "Audit attempts that failed (retried).", labels=["query"]
+        )
+        with self._lock:
+            running = list(self._running.values())
+            totals = {label: replace(t) for label, t in self._ended.items()}
+        lags: dict[str, tuple[float, float]] = {}
+        for auditor in running:
+            status = auditor.status()
+            totals.setdefault(auditor.label, _QueryTotals()).add(status)
+            lags[auditor.label] = (float(status["lag_batches"]), float(status["lag_seconds"]))
+        for label, t in sorted(totals.items()):
+            late.add_metric([label], float(t.late_rows))
+            over_cap.add_metric([label], float(t.late_rows_over_cap))
+            storms.add_metric([label], float(t.batches_over_cap))
+            errors.add_metric([label], float(t.errors))
+        for label, (batches, seconds) in sorted(lags.items()):
+            lag_b.add_metric([label], batches)
+            lag_s.add_metric([label], seconds)
+        return [late, over_cap, storms, lag_b, lag_s, errors]
 
     def close(self) -> None:
-        self._auditor.stop(10.0)
+        for auditor in self.running():
+            auditor.stop(10.0)
 
 
 class _Auditor:
@@ -287,6 +400,9 @@ class _Auditor:
         hash_columns: Sequence[str],
         pool: str,
         poll_interval_seconds: float,
+        max_rows_per_batch: int = DEFAULT_MAX_ROWS_PER_BATCH,
+        max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+        job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
     ) -> None:
         self.spark = spark
         self.store = store
@@ -304,10 +420,16 @@ class _Auditor:
         self.hash_columns = tuple(hash_columns)
         self.pool = pool
         self.poll_interval_seconds = poll_interval_seconds
+        self.max_rows_per_batch = max_rows_per_batch
+        self.max_row_bytes = max_row_bytes
+        self.job_timeout_seconds = job_timeout_seconds
         self.progress_grace_seconds = 3.0
+        self._written_bytes = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        # set when the audited run stopped: audit what it committed, then end
+        self._finishing = threading.Event()
         self._progress: dict[int, _BatchInfo] = {}
         self._done: set[int] = set()
         self._floor: int | None = None
@@ -336,9 +458,23 @@ class _Auditor:
     def wake(self) -> None:
         self._wake.set()
 
+    def finish(self) -> None:
+        """The audited run stopped: audit the batches it committed, then end (on its thread)."""
+        self._finishing.set()
+        self._wake.set()
+
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.store is not None:
+            # rows a crashed replay staged; this audit replays those batches again
+            query_id = self.query_id
+            self.store.submit(
+                lambda con: con.execute(
+                    "DELETE FROM late_rows_pending WHERE query_id = ?", [query_id]
+                ),
+                description=f"audit {self.label}: drop rows of interrupted replays",
+            )
         audited = self._audited_batches()
         with self._lock:
             self._done = set(audited)
@@ -356,7 +492,11 @@ class _Auditor:
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        on_stop, self.on_stop = self.on_stop, None
+        self._ended()
+
+    def _ended(self) -> None:
+        with self._lock:
+            on_stop, self.on_stop = self.on_stop, None
         if on_stop is not None:
             on_stop()
 
@@ -411,36 +551,15 @@ class _Auditor:
                 "last_audited_batch": last,
                 "latest_committed_batch": latest,
                 "late_rows": c.late_rows,
+                "late_rows_over_cap": c.late_rows_over_cap,
+                "batches_over_cap": c.batches_over_cap,
+                "max_rows_per_batch": self.max_rows_per_batch,
                 "lag_batches": lag_batches,
                 "lag_seconds": lag_seconds,
                 "errors": c.errors,
                 "last_error": c.last_error,
                 "replay_seconds": c.replay_seconds,
             }
-
-    def metrics(self) -> Iterable[Metric]:
-        s = self.status()
-        late = CounterMetricFamily(
-            "wmwatch_late_rows_audited",
-            "Input rows the audit found dropped as late.",
-            labels=["query"],
-        )
-        late.add_metric([self.label], float(s["late_rows"]))
-        lag_b = GaugeMetricFamily(
-            "wmwatch_audit_lag_batches", "Committed batches not yet audited.", labels=["query"]
-        )
-        lag_b.add_metric([self.label], float(s["lag_batches"]))
-        lag_s = GaugeMetricFamily(
-            "wmwatch_audit_lag_seconds",
-            "Age of the oldest committed batch not yet audited.",
-            labels=["query"],
-        )
-        lag_s.add_metric([self.label], float(s["lag_seconds"]))
-        errors = CounterMetricFamily(
-            "wmwatch_audit_errors", "Audit attempts that failed (retried).", labels=["query"]
-        )
-        errors.add_metric([self.label], float(s["errors"]))
-        return [late, lag_b, lag_s, errors]
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -475,8 +594,11 @@ class _Auditor:
         failures = 0
         while not self._stop.is_set():
             try:
-                self._audit_pending()
+                caught_up = self._audit_pending()
                 failures = 0
+                if caught_up and self._finishing.is_set():
+                    log.info("wmwatch: audit of %s finished: its query run stopped", self.label)
+                    break
             except Exception as exc:
                 failures += 1
                 with self._lock:
@@ -488,11 +610,15 @@ class _Auditor:
                     failures,
                     exc,
                 )
+                if self._finishing.is_set() and failures >= 5:
+                    break  # the run is gone; a later audit of the query resumes from here
                 self._stop.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
             self._wake.wait(self.poll_interval_seconds)
             self._wake.clear()
+        self._ended()
 
-    def _audit_pending(self) -> None:
+    def _audit_pending(self) -> bool:
+        """Audit committed batches in order; True when every one of them is done."""
         committed = self.checkpoint.committed_batches()
         with self._lock:
             if self._floor is None:
@@ -507,14 +633,15 @@ class _Auditor:
             )
         for batch_id in pending:
             if self._stop.is_set():
-                return
+                return False
             if not self._audit_batch(batch_id):
-                return  # waiting for this batch's progress; batches are audited in order
+                return False  # waiting for this batch's progress; batches are audited in order
             with self._lock:
                 rest = [b for b in pending if b not in self._done]
                 self._counters.oldest_pending_commit_at = (
                     self.checkpoint.commit_mtime_seconds(rest[0]) if rest else None
                 )
+        return True
 
     def _audit_batch(self, batch_id: int) -> bool:
         """Audit one committed batch; False when it should wait a moment for its progress."""
@@ -542,23 +669,26 @@ class _Auditor:
             )
             or late_wm_ms is None
         ):
-            self._commit(batch_id, run_id, late_wm_ms, rows=None, replayed=False)
+            self._commit(batch_id, run_id, late_wm_ms, found=_Found.nothing())
             return True
         started = time.perf_counter()
-        sc = self.spark.sparkContext
-        sc.setLocalProperty("spark.scheduler.pool", self.pool)
-        sc.setJobDescription(f"wmwatch audit of {self.label} batch {batch_id}")
-        try:
+        with bounded_job(
+            self.spark,
+            description=f"wmwatch audit of {self.label} batch {batch_id}",
+            timeout_seconds=self.job_timeout_seconds,
+            pool=self.pool,
+        ):
             late = self._late_rows_frame([f.path for f in files], late_wm_ms)
             if self.sink == "parquet":
-                rows: Any = self._write_parquet(late, batch_id, run_id, late_wm_ms)
+                found = _Found.all_in_parquet(
+                    self._write_parquet(late, batch_id, run_id, late_wm_ms),
+                    self.parquet_dir(batch_id),
+                )
             else:
-                rows = self._collect(late)
-        finally:
-            sc.setJobDescription(None)
+                found = self._fetch(late, batch_id, run_id, late_wm_ms)
         with self._lock:
             self._counters.replay_seconds += time.perf_counter() - started
-        self._commit(batch_id, run_id, late_wm_ms, rows=rows, replayed=True)
+        self._commit(batch_id, run_id, late_wm_ms, found=found)
         return True
 
     def _progress_may_come(self, batch_id: int) -> bool:
@@ -627,6 +757,20 @@ class _Auditor:
             F.sha2(F.col(c).cast("string"), 256).alias(c) if c in self.hash_columns else F.col(c)
             for c in own_columns
         ]
+        row_json = F.to_json(F.struct(*data))
+        # A row too large to keep whole is kept as its size and hash, so that a chunk of rows
+        # has a fixed upper bound in bytes however wide the input rows are.
+        size = F.octet_length(row_json)
+        row_data = F.when(
+            size > F.lit(self.max_row_bytes),
+            F.to_json(
+                F.struct(
+                    F.lit(True).alias("_truncated"),
+                    size.alias("_bytes"),
+                    F.sha2(row_json, 256).alias("_sha256"),
+                )
+            ),
+        ).otherwise(row_json)
         return frame.select(
             F.unix_micros(ts).alias("event_time_us"),
             window_start.alias("window_start_us"),
@@ -636,16 +780,89 @@ class _Auditor:
                 if has_source
                 else F.lit(None).cast("string")
             ).alias("source_file"),
-            F.to_json(F.struct(*data)).alias("row_data"),
+            row_data.alias("row_data"),
         )
 
-    def _collect(self, late: Any) -> Any:
-        try:
-            import pyarrow  # noqa: F401
+    def _fetch(self, late: Any, batch_id: int, run_id: str | None, late_wm_ms: int) -> _Found:
+        """The batch's late rows for DuckDB, never more than one chunk in the driver at once.
 
-            return late.toArrow()
-        except ImportError:
-            return [tuple(r) for r in late.collect()]
+        The common case (a few late rows) is one Spark job: the first chunk's worth plus one row.
+        Only when that row exists does the batch count its rows, keep at most
+        ``max_rows_per_batch`` of them (staged chunk by chunk), and, with ``parquet_path``,
+        have Spark write every one of them to Parquet.
+        """
+        first_rows = max(1, CHUNK_BYTES // (self.max_row_bytes + _ROW_OVERHEAD_BYTES))
+        head = [tuple(r) for r in late.limit(first_rows + 1).collect()]
+        if len(head) <= min(first_rows, self.max_rows_per_batch):
+            return _Found(total=len(head), rows=head)
+        del head
+        from pyspark.sql import functions as F
+
+        overflow = None
+        if self.parquet_path is not None:
+            # Every row goes to Parquet, which also counts them; the rows kept in DuckDB are
+            # then read back from that Parquet rather than parsed from the input again.
+            total = self._write_parquet(late, batch_id, run_id, late_wm_ms)
+            data_bytes = self._written_bytes
+            overflow = self.parquet_dir(batch_id)
+            late = self.spark.read.parquet(overflow).select(*_LATE_ROW_COLUMNS)
+        else:
+            totals = late.agg(
+                F.count(F.lit(1)).alias("rows"), F.sum(F.octet_length("row_data")).alias("bytes")
+            ).collect()[0]
+            total, data_bytes = int(totals["rows"]), int(totals["bytes"] or 0)
+        kept = min(total, self.max_rows_per_batch)
+        row_bytes = data_bytes // max(total, 1) + _ROW_OVERHEAD_BYTES
+        chunk_rows = max(1, CHUNK_BYTES // row_bytes)
+        attempt = uuid.uuid4().hex
+        staged = 0
+        if kept:
+            # limit() gathers the kept rows in one partition (spilled, not held); repartition
+            # spreads them so that each partition, fetched one at a time, is about one chunk.
+            source = late.limit(kept)
+            partitions = math.ceil(kept / chunk_rows)
+            if partitions > 1:
+                source = source.repartition(partitions)
+            chunk: list[tuple[Any, ...]] = []
+            for row in source.toLocalIterator(prefetchPartitions=False):
+                chunk.append(tuple(row))
+                if len(chunk) >= chunk_rows:
+                    staged += self._stage(batch_id, attempt, chunk)
+                    chunk = []
+            if chunk:
+                staged += self._stage(batch_id, attempt, chunk)
+        log.warning(
+            "wmwatch: audit of %s batch %d found %s late rows: kept %s in DuckDB "
+            "(max_rows_per_batch=%d), %s",
+            self.label,
+            batch_id,
+            f"{total:,}",
+            f"{staged:,}",
+            self.max_rows_per_batch,
+            f"all {total:,} written to {overflow}"
+            if overflow
+            else f"{total - staged:,} counted only (set parquet_path= to keep every row)",
+        )
+        return _Found(total=total, attempt=attempt, staged=staged, overflow_location=overflow)
+
+    def _stage(self, batch_id: int, attempt: str, rows: list[tuple[Any, ...]]) -> int:
+        """Write one chunk to ``late_rows_pending`` and wait until it is on disk.
+
+        Waiting keeps at most one chunk in the driver: when the history file is unavailable the
+        replay fails here (and is retried later) instead of piling chunks up in memory.
+        """
+        if self.store is None:
+            return 0
+        self.store.submit(
+            _pending_writer(self.query_id, batch_id, attempt, rows),
+            description=f"audit {self.label} batch {batch_id}: {len(rows)} staged rows",
+        )
+        if not self.store.flush(timeout=self.job_timeout_seconds):
+            raise AuditError(
+                f"the history file did not take the late rows of batch {batch_id} in time "
+                f"({self.store.health.last_error or 'writer busy'}); retrying later"
+            )
+        return len(rows)
 
     def parquet_dir(self, batch_id: int) -> str:
         assert self.parquet_path is not None
@@ -673,31 +890,22 @@ class _Auditor:
         )
         from pyspark.sql import Observation
 
-        written = Observation(f"wmwatch_audit_{batch_id}")
-        # Overwrite makes a re-run after a crash replace, not add to, what a first attempt wrote.
-        out.observe(written, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").parquet(
-            directory
+        written = Observation(f"wmwatch_audit_{batch_id}_{uuid.uuid4().hex[:8]}")
+        observed = out.observe(
+            written,
+            F.count(F.lit(1)).alias("rows"),
+            F.sum(F.octet_length("row_data")).alias("bytes"),
         )
+        # Overwrite makes a re-run after a crash replace, not add to, what a first attempt wrote.
+        observed.write.mode("overwrite").parquet(directory)
+        self._written_bytes = int(written.get["bytes"] or 0)
         return int(written.get["rows"])
 
     # -- the store side -------------------------------------------------------------------------------
 
     def _commit(
-        self,
-        batch_id: int,
-        run_id: str | None,
-        late_wm_ms: int | None,
-        *,
-        rows: Any,
-        replayed: bool,
+        self, batch_id: int, run_id: str | None, late_wm_ms: int | None, *, found: _Found
     ) -> None:
-        if rows is None:
-            count = 0
-        elif isinstance(rows, int):
-            count = rows
-        else:
-            count = int(rows.num_rows) if hasattr(rows, "num_rows") else len(rows)
-        location = self.parquet_dir(batch_id) if self.sink == "parquet" and replayed else None
         write = _batch_writer(
             query_id=self.query_id,
             query_name=self.query_name,
@@ -705,10 +913,8 @@ class _Auditor:
             batch_id=batch_id,
             late_wm_ms=late_wm_ms,
             kind=self.spec.kind,
-            rows=rows if self.sink == "duckdb" and replayed else None,
-            count=count,
+            found=found,
             sink=self.sink,
-            location=location,
         )
         if self.store is not None:
             self.store.submit(write, description=f"audit {self.label} batch {batch_id}")
@@ -716,8 +922,11 @@ class _Auditor:
             self._done.add(batch_id)
             c = self._counters
             c.batches_audited += 1
-            c.late_rows += count
-            if replayed:
+            c.late_rows += found.total
+            if found.over_cap:
+                c.batches_over_cap += 1
+                c.late_rows_over_cap += found.over_cap
+            if found.replayed:
                 c.batches_replayed += 1
             else:
                 c.batches_skipped += 1
@@ -725,6 +934,79 @@ class _Auditor:
                 batch_id if c.last_audited_batch is None else max(c.last_audited_batch, batch_id)
             )
             self._audited_cond.notify_all()
+
+
+@dataclass(frozen=True)
+class _Found:
+    """What the replay of one batch found, and where its rows are.
+
+    ``rows``: the late rows themselves, when they fit one chunk (written with the marker).
+    ``attempt``/``staged``: rows staged in ``late_rows_pending`` by that attempt.
+    ``overflow_location``: a Parquet folder holding every late row of the batch.
+    """
+
+    total: int
+    rows: list[tuple[Any, ...]] | None = None
+    attempt: str | None = None
+    staged: int = 0
+    overflow_location: str | None = None
+    parquet_location: str | None = None
+    replayed: bool = True
+
+    @classmethod
+    def nothing(cls) -> _Found:
+        return cls(total=0, replayed=False)
+
+    @classmethod
+    def all_in_parquet(cls, count: int, location: str) -> _Found:
+        return cls(total=count, parquet_location=location)
+
+    @property
+    def kept(self) -> int | None:
+        """Rows of the batch in ``late_rows`` (None: the Parquet sink keeps them)."""
+        if self.parquet_location is not None:
+            return None
+        return len(self.rows) if self.rows is not None else self.staged
+
+    @property
+    def over_cap(self) -> int:
+        kept = self.kept
+        return 0 if kept is None else max(0, self.total - kept)
+
+
+_LATE_ROW_TYPES = ("BIGINT", "BIGINT", "BIGINT", "VARCHAR", "VARCHAR")
+
+
+def _rows_as_table(first_param: int) -> str:
+    """SQL for late-row tuples passed as five column lists from parameter ``first_param`` on.
+
+    One statement that unnests column lists is far faster than executemany for many rows.
+    """
+    return "SELECT " + ", ".join(
+        f"unnest(${first_param + i}::{kind}[]) AS {name}"
+        for i, (name, kind) in enumerate(zip(_LATE_ROW_COLUMNS, _LATE_ROW_TYPES, strict=True))
+    )
+
+
+def _columns(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
+    if not rows:
+        return [[] for _ in _LATE_ROW_COLUMNS]
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+def _pending_writer(
+    query_id: str, batch_id: int, attempt: str, rows: list[tuple[Any, ...]]
+) -> Callable[[Any], None]:
+    """Stage one chunk of a batch's late rows (moved into late_rows with the batch's marker)."""
+    columns = _columns(rows)
+
+    def write(con: Any) -> None:
+        con.execute(
+            f"INSERT INTO late_rows_pending SELECT $1, $2, $3, * FROM ({_rows_as_table(4)})",
+            [query_id, batch_id, attempt, *columns],
+        )
+
+    return write
 
 
 def _batch_writer(
@@ -735,46 +1017,61 @@ def _batch_writer(
     batch_id: int,
     late_wm_ms: int | None,
     kind: str,
-    rows: Any,
-    count: int,
+    found: _Found,
     sink: str,
-    location: str | None,
 ) -> Callable[[Any], None]:
-    """An idempotent write of one audited batch: its late rows and its marker, together."""
+    """An idempotent write of one audited batch: its late rows and its marker, together.
+
+    Rows come from ``found.rows`` or, for a batch staged chunk by chunk, from the pending rows
+    of ``found.attempt`` (other attempts' rows are a crashed replay's and are dropped here).
+    """
     wm_us = None if late_wm_ms is None else late_wm_ms * 1000
+    # $1-$6 describe the batch; the rows' own parameters follow from $7
+    insert = (
+        "INSERT INTO late_rows SELECT $1, $2, $3, $4, "
+        f"{_EPOCH_SQL.format('r.event_time_us')}, {_EPOCH_SQL.format('$5::BIGINT')}, "
+        "($5::BIGINT - r.event_time_us) / 1e6, "
+        f"{_EPOCH_SQL.format('r.window_start_us')}, {_EPOCH_SQL.format('r.window_end_us')}, "
+        "$6, r.source_file, r.row_data::JSON, now() FROM ({}) AS r"
+    )
+    params = [query_id, query_name, run_id, batch_id, wm_us, kind]
 
     def write(con: Any) -> None:
         con.execute(
             "DELETE FROM late_rows WHERE query_id = ? AND batch_id = ?", [query_id, batch_id]
         )
-        if rows is not None and count:
-            insert = (
-                "INSERT INTO late_rows SELECT ?, ?, ?, ?, "
-                f"{_EPOCH_SQL.format('r.event_time_us')}, {_EPOCH_SQL.format('?::BIGINT')}, "
-                "(?::BIGINT - r.event_time_us) / 1e6, "
-                f"{_EPOCH_SQL.format('r.window_start_us')}, {_EPOCH_SQL.format('r.window_end_us')}, "
-                "?, r.source_file, r.row_data::JSON, now() FROM {} AS r"
+        if found.rows:
+            con.execute(
+                insert.format(_rows_as_table(len(params) + 1)), [*params, *_columns(found.rows)]
             )
-            params = [query_id, query_name, run_id, batch_id, wm_us, wm_us, kind]
-            if hasattr(rows, "num_rows"):
-                name = f"wmwatch_audit_rows_{batch_id}"
-                con.register(name, rows)
-                try:
-                    con.execute(insert.format(name), params)
-                finally:
-                    con.unregister(name)
-            else:
-                con.execute(
-                    "CREATE TEMP TABLE IF NOT EXISTS wmwatch_audit_rows (event_time_us BIGINT, "
-                    "window_start_us BIGINT, window_end_us BIGINT, source_file VARCHAR, row_data VARCHAR)"
-                )
-                con.execute("DELETE FROM wmwatch_audit_rows")
-                con.executemany("INSERT INTO wmwatch_audit_rows VALUES (?, ?, ?, ?, ?)", rows)
-                con.execute(insert.format("wmwatch_audit_rows"), params)
+        elif found.attempt is not None and found.staged:
+            con.execute(
+                insert.format(
+                    "SELECT * EXCLUDE (query_id, batch_id, attempt) FROM late_rows_pending "
+                    "WHERE query_id = $1 AND batch_id = $4 AND attempt = $7"
+                ),
+                [*params, found.attempt],
+            )
         con.execute(
-            "INSERT OR REPLACE INTO audit_batches VALUES (?, ?, ?, "
-            f"{_EPOCH_SQL.format('?::BIGINT')}, ?, ?, ?, now())",
-            [query_id, batch_id, run_id, wm_us, count, sink, location],
+            "DELETE FROM late_rows_pending WHERE query_id = ? AND batch_id = ?",
+            [query_id, batch_id],
+        )
+        con.execute(
+            "INSERT OR REPLACE INTO audit_batches (query_id, batch_id, run_id, late_watermark_at, "
+            "late_rows, sink, location, audited_at, rows_kept, rows_over_cap, overflow_location) "
+            f"VALUES (?, ?, ?, {_EPOCH_SQL.format('?::BIGINT')}, ?, ?, ?, now(), ?, ?, ?)",
+            [
+                query_id,
+                batch_id,
+                run_id,
+                wm_us,
+                found.total,
+                sink,
+                found.parquet_location,
+                found.kept,
+                found.over_cap,
+                found.overflow_location,
+            ],
         )
 
     return write
@@ -798,6 +1095,9 @@ def start_audit(
     checkpoint: str | os.PathLike[str] | None = None,
     pool: str = "wmwatch_audit",
     poll_interval_seconds: float = 1.0,
+    max_rows_per_batch: int = DEFAULT_MAX_ROWS_PER_BATCH,
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+    job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
 ) -> AuditHandle:
     """Start auditing the rows ``query`` drops behind its watermark; returns an :class:`AuditHandle`.
 
@@ -807,9 +1107,20 @@ def start_audit(
     event-time column, delay and window come from the query's plan; the keyword arguments
     override them. ``sink="parquet"`` writes each batch's late rows with Spark under
     ``parquet_path`` instead of collecting them into DuckDB.
+
+    Bounds: at most ``max_rows_per_batch`` late rows of one batch are kept in DuckDB (the rest
+    are counted, and written to Parquet when ``parquet_path`` is given with the DuckDB sink);
+    ``row_data`` longer than ``max_row_bytes`` is kept as its size and SHA-256; every Spark job
+    of the audit is cancelled after ``job_timeout_seconds`` (and retried later).
     """
     if sink not in SINKS:
         raise ConfigError(f"sink={sink!r} is not one of {', '.join(SINKS)}.")
+    if max_rows_per_batch < 0:
+        raise ConfigError("max_rows_per_batch must be 0 (count only) or more.")
+    if max_row_bytes < 64:
+        raise ConfigError("max_row_bytes must be at least 64 bytes.")
+    if job_timeout_seconds <= 0:
+        raise ConfigError("job_timeout_seconds must be positive.")
     if sink == "parquet" and not parquet_path:
         raise ConfigError(
             "sink='parquet' needs parquet_path=, the directory Spark writes late rows to."
@@ -883,11 +1194,24 @@ def start_audit(
         hash_columns=hash_columns,
         pool=pool,
         poll_interval_seconds=poll_interval_seconds,
+        max_rows_per_batch=max_rows_per_batch,
+        max_row_bytes=max_row_bytes,
+        job_timeout_seconds=job_timeout_seconds,
     )
-    plugin = AuditPlugin(auditor)
-    remove = getattr(watch, "remove_plugin", None)
-    if remove is not None:
-        auditor.on_stop = lambda: remove(plugin)
+    _audit_plugin(watch).add(auditor)
     auditor.start()
-    watch.add_plugin(plugin)
     return AuditHandle(auditor)
+
+
+_PLUGIN_LOCK = threading.Lock()
+
+
+def _audit_plugin(watch: Any) -> AuditPlugin:
+    """The watch's one audit plugin, added on first use."""
+    with _PLUGIN_LOCK:
+        for plugin in watch.plugins():
+            if isinstance(plugin, AuditPlugin):
+                return plugin
+        plugin = AuditPlugin()
+        watch.add_plugin(plugin)
+        return plugin

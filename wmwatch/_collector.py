@@ -70,8 +70,27 @@ class WatchCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
+        # One family per name and one sample per label set, whatever the plugins yield: the
+        # exposition format rejects the whole scrape on a second HELP line or a repeated series.
+        families: dict[str, Metric] = {}
+        seen: dict[str, set[tuple[str, tuple[tuple[str, str], ...]]]] = {}
         for family in self._collect():
-            yield _utf8_labels(family)
+            family = _utf8_labels(family)
+            first = families.setdefault(family.name, family)
+            keys = seen.setdefault(family.name, set())
+            merged = []
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if key in keys:
+                    self._health.error("collect:duplicate")
+                    continue
+                keys.add(key)
+                merged.append(sample)
+            if first is family:
+                family.samples[:] = merged
+            else:
+                first.samples.extend(merged)
+        yield from families.values()
 
     def _collect(self) -> Iterator[Metric]:
         yield from self._query_metrics(self._book.snapshot())

@@ -58,6 +58,7 @@ from wmwatch._joins import (
 from wmwatch._plugins import WatchPlugin
 from wmwatch._progress import ProgressSnapshot
 from wmwatch._redact import redact
+from wmwatch._spark_jobs import bounded_job
 from wmwatch._watermarks import (
     OperatorWatermark,
     SourceWatermark,
@@ -315,22 +316,32 @@ def _state_location(node: Any) -> str | None:
         return None
 
 
-def count_join_side_rows(spark: Any, state_location: str, operator_id: int) -> dict[str, int]:
+def count_join_side_rows(
+    spark: Any, state_location: str, operator_id: int, *, timeout_seconds: float = 120.0
+) -> dict[str, int]:
     """Rows each side of a join keeps, from the last committed state (one small Spark job per side).
 
     Progress only reports a join operator's total; the ``statestore`` reader splits it by side.
+    A count is an aggregate (bounded memory whatever the state's size); a huge state store
+    could still take long, so the jobs are cancelled after ``timeout_seconds``.
     """
     root = state_location[: -len("/state")] if state_location.endswith("/state") else state_location
     counts = {}
-    for side in SIDES:
-        frame = (
-            spark.read.format("statestore")
-            .option("path", root)
-            .option("operatorId", operator_id)
-            .option("joinSide", side)
-            .load()
-        )
-        counts[side] = int(frame.count())
+    with bounded_job(
+        spark,
+        description=f"wmwatch join state count, operator {operator_id}",
+        timeout_seconds=timeout_seconds,
+        pool="wmwatch_audit",
+    ):
+        for side in SIDES:
+            frame = (
+                spark.read.format("statestore")
+                .option("path", root)
+                .option("operatorId", operator_id)
+                .option("joinSide", side)
+                .load()
+            )
+            counts[side] = int(frame.count())
     return counts
 
 

@@ -435,14 +435,19 @@ def _late_rows_source(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str
     Returns (sql, params, parquet directories listed but missing).
     """
     columns = ", ".join(_LATE_COLUMNS)
+    # A batch over max_rows_per_batch with a Parquet overflow folder has every one of its rows
+    # there and only some in late_rows: read it from Parquet alone.
     parts = [
-        f"""SELECT {columns} FROM late_rows
-            WHERE query_id IN (SELECT unnest($1::VARCHAR[]))"""
+        f"""SELECT {columns} FROM late_rows l
+            WHERE query_id IN (SELECT unnest($1::VARCHAR[]))
+              AND NOT EXISTS (SELECT 1 FROM audit_batches a
+                              WHERE a.query_id = l.query_id AND a.batch_id = l.batch_id
+                                AND a.overflow_location IS NOT NULL)"""
     ]
     locations = con.execute(
         """
-        SELECT DISTINCT location FROM audit_batches
-        WHERE sink = 'parquet' AND location IS NOT NULL
+        SELECT DISTINCT coalesce(overflow_location, location) FROM audit_batches
+        WHERE (sink = 'parquet' AND location IS NOT NULL OR overflow_location IS NOT NULL)
           AND query_id IN (SELECT unnest($1::VARCHAR[]))
         """,
         (list(scope.query_ids),),
@@ -493,6 +498,23 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
                  WHERE l.batch_id >= first_ids.first_id)
     """
     params = [*params, first_ids]
+    # what the markers say: every late row found, and those over the cap that no table keeps
+    counted = {
+        row[0]: row[1:]
+        for row in con.execute(
+            """
+            WITH first_ids AS (SELECT f[1] AS query_id, f[2]::BIGINT AS first_id
+                               FROM (SELECT unnest($1::VARCHAR[][]) AS f))
+            SELECT a.query_id, count(*), coalesce(sum(a.late_rows), 0),
+                   coalesce(sum(a.rows_over_cap) FILTER (WHERE a.overflow_location IS NULL), 0),
+                   count(*) FILTER (WHERE a.rows_over_cap > 0)
+            FROM audit_batches a JOIN first_ids USING (query_id)
+            WHERE a.batch_id >= first_ids.first_id
+            GROUP BY a.query_id
+            """,
+            (first_ids,),
+        ).fetchall()
+    }
     totals = con.execute(
         scoped
         + """
@@ -505,6 +527,10 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
         """,
         params,
     ).fetchall()
+    for qid, (_, found, _not_kept, _) in counted.items():
+        if found and not any(row[0] == qid for row in totals):
+            # every late row of the query was over the cap and counted only
+            totals.append((qid, 0, 0, None, None, None, None, None, None))
     if not totals:
         return {}
     per_batch = _grouped(
@@ -567,22 +593,18 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
         ).fetchall(),
         lambda r: {"source_file": r[1], "late_rows": r[2]},
     )
-    audited = dict(
-        con.execute(
-            """
-            SELECT a.query_id, count(*) FROM audit_batches a
-            JOIN (SELECT unnest($1::VARCHAR[]) AS query_id) q USING (query_id)
-            GROUP BY a.query_id
-            """,
-            (list(scope.query_ids),),
-        ).fetchall()
-    )
     result: dict[str, Any] = {}
     for qid, count, batches, p50, p95, max_lateness, need95, need99, need_max in totals:
+        audited, _found, not_kept, over_cap_batches = counted.get(qid, (0, 0, 0, 0))
         result[qid] = {
-            "late_rows": int(count),
+            # the rows that can be read plus those only counted over the cap; the figures
+            # below describe the rows that were kept
+            "late_rows": int(count) + int(not_kept),
+            "late_rows_kept": int(count),
+            "late_rows_not_kept": int(not_kept),
+            "batches_over_cap": int(over_cap_batches),
             "batches_with_late_rows": int(batches),
-            "audited_batches": int(audited.get(qid, 0)),
+            "audited_batches": int(audited),
             "lateness_p50_seconds": _float(p50),
             "lateness_p95_seconds": _float(p95),
             "lateness_max_seconds": _float(max_lateness),
@@ -645,6 +667,18 @@ def _render_late_rows(data: Mapping[str, Any]) -> RenderableType:
         f"[yellow]{data['late_rows']:,}[/] in {data['batches_with_late_rows']:,} batches "
         f"({data['audited_batches']:,} batches audited)",
     )
+    if data.get("batches_over_cap"):
+        not_kept = data.get("late_rows_not_kept") or 0
+        table.add_row(
+            "late-row storm",
+            f"[red]{data['batches_over_cap']:,} batch(es) over max_rows_per_batch[/]: "
+            + (
+                f"{not_kept:,} rows counted, not kept (pass parquet_path= to keep every row); "
+                if not_kept
+                else "every row kept in Parquet; "
+            )
+            + "the figures below describe the kept rows",
+        )
     table.add_row(
         "lateness",
         f"p50 {format_duration(data['lateness_p50_seconds'])} · "
@@ -694,9 +728,15 @@ def _render_late_rows(data: Mapping[str, Any]) -> RenderableType:
 
 def _late_rows_csv(data: Mapping[str, Any] | None) -> Mapping[str, Any]:
     if not data:
-        return {"late_rows": 0, "batches_with_late_rows": 0, "lateness_p95_seconds": None}
+        return {
+            "late_rows": 0,
+            "late_rows_not_kept": 0,
+            "batches_with_late_rows": 0,
+            "lateness_p95_seconds": None,
+        }
     return {
         "late_rows": data["late_rows"],
+        "late_rows_not_kept": data["late_rows_not_kept"],
         "batches_with_late_rows": data["batches_with_late_rows"],
         "lateness_p95_seconds": data["lateness_p95_seconds"],
     }
@@ -772,7 +812,12 @@ register_section(
         title="late rows audited",
         load=load_late_rows,
         render=_render_late_rows,
-        csv_columns=("late_rows", "batches_with_late_rows", "lateness_p95_seconds"),
+        csv_columns=(
+            "late_rows",
+            "late_rows_not_kept",
+            "batches_with_late_rows",
+            "lateness_p95_seconds",
+        ),
         csv_values=_late_rows_csv,
     )
 )

@@ -186,6 +186,32 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        3,
+        "late_rows_pending; audit_batches.rows_kept, rows_over_cap, overflow_location",
+        (
+            # A batch whose late rows are too many for one transaction is staged here chunk by
+            # chunk and moved into late_rows together with its audit_batches marker; rows of an
+            # attempt that a crash interrupted are deleted when the audit starts again.
+            """
+            CREATE TABLE IF NOT EXISTS late_rows_pending (
+                query_id        VARCHAR NOT NULL,
+                batch_id        BIGINT NOT NULL,
+                attempt         VARCHAR NOT NULL,       -- one replay of the batch
+                event_time_us   BIGINT,
+                window_start_us BIGINT,
+                window_end_us   BIGINT,
+                source_file     VARCHAR,
+                row_data        VARCHAR
+            )
+            """,
+            # late_rows counts every late row found; rows_kept of them are in late_rows, the
+            # rest (rows_over_cap) are counted only, or kept in Parquet under overflow_location
+            "ALTER TABLE audit_batches ADD COLUMN IF NOT EXISTS rows_kept BIGINT",
+            "ALTER TABLE audit_batches ADD COLUMN IF NOT EXISTS rows_over_cap BIGINT",
+            "ALTER TABLE audit_batches ADD COLUMN IF NOT EXISTS overflow_location VARCHAR",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -1,0 +1,85 @@
+"""A late-row storm must not take the watched job down (driver of its own, Spark's defaults).
+
+Two million rows, all behind the watermark, land in one batch of a windowed count running on
+``local[2]`` with Spark's default driver memory. The audit must move them in bounded chunks:
+the query goes on with its next batches, every late row is counted exactly once, at most
+``max_rows_per_batch`` of them are kept in DuckDB and every one in the Parquet overflow folder,
+and the driver's Python memory stays within the bound the README documents.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+ROWS = 2_000_000
+CAP = 100_000  # the audit's default max_rows_per_batch
+# README, "Guarantees": the driver's Python RSS grows by less than this during a storm
+RSS_GROWTH_BOUND_BYTES = 512 * 1024 * 1024
+
+SCRIPT = Path(__file__).parent / "scripts" / "late_storm.py"
+
+
+def test_two_million_late_rows_in_one_batch(tmp_path: Path) -> None:
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(Path.cwd())}
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path), str(ROWS), "--parquet"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+
+    # the job survived and went on
+    assert result["query_alive"] and result["context_alive"], result
+    assert len(result["batches_after_storm"]) >= 2, result
+    assert result["synced"], result
+    # Spark drops the storm as late groups: one per 5-minute window of the replayed hour
+    assert result["spark_groups_dropped"] == 12
+
+    status = result["status"]
+    assert status["errors"] == 0, status
+    assert status["late_rows"] == ROWS
+    assert status["batches_over_cap"] == 1
+    assert status["late_rows_over_cap"] == ROWS - CAP
+
+    db = tmp_path / "history.duckdb"
+    with duckdb.connect(str(db), read_only=True) as con:
+        kept = con.execute(
+            "SELECT count(*), count(DISTINCT json_extract(row_data, '$.id')::BIGINT), "
+            "min(json_extract(row_data, '$.id')::BIGINT), max(json_extract(row_data, '$.id')::BIGINT) "
+            "FROM late_rows WHERE batch_id = ?",
+            [result["storm_batch"]],
+        ).fetchone()
+        mark = con.execute(
+            "SELECT late_rows, rows_kept, rows_over_cap, overflow_location FROM audit_batches "
+            "WHERE batch_id = ?",
+            [result["storm_batch"]],
+        ).fetchone()
+        pending = con.execute("SELECT count(*) FROM late_rows_pending").fetchone()
+        other = con.execute(
+            "SELECT count(*) FROM late_rows WHERE batch_id <> ?", [result["storm_batch"]]
+        ).fetchone()
+        assert mark is not None and kept is not None
+        overflow = con.execute(
+            "SELECT count(*), count(DISTINCT json_extract(row_data, '$.id')::BIGINT) "
+            "FROM read_parquet(? || '/*.parquet')",
+            [mark[3]],
+        ).fetchone()
+    assert kept == (CAP, CAP, kept[2], kept[3]) and kept[2] >= 0 and kept[3] < ROWS
+    assert mark[:3] == (ROWS, CAP, ROWS - CAP)
+    assert overflow == (ROWS, ROWS)  # every late row, each exactly once
+    assert pending == (0,) and other == (0,)
+
+    growth = result["rss_peak_bytes"] - result["rss_baseline_bytes"]
+    assert growth < RSS_GROWTH_BOUND_BYTES, f"driver RSS grew {growth / 2**20:.0f} MiB"
