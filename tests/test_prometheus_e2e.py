@@ -84,7 +84,7 @@ def start_windowed(spark: Any, folder: Path) -> tuple[Any, Any]:
     windowed = (
         events.groupBy(F.window("ts", "10 seconds"))
         .count()
-        .writeStream.format("memory")
+        .writeStream.format("noop")  # restartable on its checkpoint, unlike the memory sink
         .queryName(WINDOWS)
         .outputMode("append")
         .option("checkpointLocation", str(folder / "cp_w"))
