@@ -321,6 +321,25 @@ CASES = [
             )
         ],
     ),
+    Case(
+        name="late-row storm",
+        alert="WmwatchLateRowStorm",
+        series={
+            # one batch over the cap at minute 30; the other query never has one
+            "wmwatch_audit_batches_over_cap_total" + _q("replayed"): "0x30 1x60",
+            "wmwatch_audit_batches_over_cap_total" + _q("calm"): "0x90",
+        },
+        quiet_at=["20m", "95m"],
+        fires_at="35m",
+        firing=[
+            Firing(
+                {**TARGET, "query": "replayed", "severity": "warning"},
+                "A late-row storm hit replayed",
+                "In the last 1h, batches of replayed held more late rows than the audit keeps "
+                "per batch (max_rows_per_batch).",
+            )
+        ],
+    ),
 ]
 
 

@@ -40,6 +40,7 @@ class Profile:
     store_backlog_for: str = "10m"
     audit_lag_batches: int = 50
     audit_lag_for: str = "30m"
+    storm_window: str = "1h"
     endpoint_down_for: str = "5m"
 
 
@@ -71,6 +72,7 @@ TEST = Profile(
     store_backlog_for="5s",
     audit_lag_batches=1000,
     audit_lag_for="5s",
+    storm_window="10m",
     endpoint_down_for="5s",
 )
 
@@ -359,6 +361,25 @@ def rules(p: Profile) -> list[Rule]:
                 "The audit runs in a low-priority scheduler pool and yields to the query. Give the "
                 "driver more cores, audit fewer queries, or raise its batch interval; the audit "
                 "catches up on its own once the input slows down."
+            ),
+        ),
+        Rule(
+            alert="WmwatchLateRowStorm",
+            expr=f"increase(wmwatch_audit_batches_over_cap_total[{p.storm_window}]) > 0",
+            signal=f"increase(wmwatch_audit_batches_over_cap_total[{p.storm_window}])",
+            for_="0m",
+            severity="warning",
+            summary="A late-row storm hit {{ $labels.query }}",
+            description=(
+                f"In the last {p.storm_window}, batches of {{{{ $labels.query }}}} held more late "
+                "rows than the audit keeps per batch (max_rows_per_batch)."
+            ),
+            runbook=(
+                "A producer replayed old data, or a future-dated row moved the watermark far ahead "
+                "(see WmwatchRowsDroppedAsLate and the watermark_jump finding). `wmwatch report` "
+                "shows the storm's batches; the rows over the cap were counted "
+                "(wmwatch_late_rows_over_cap_total) and are in Parquet only if the audit has "
+                "parquet_path=. Replay the dropped data into a backfill job if it matters."
             ),
         ),
     ]

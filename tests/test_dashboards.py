@@ -42,6 +42,8 @@ BRIEF_METRICS = {
     "wmwatch_operator_watermark_seconds", "wmwatch_source_watermark_seconds",
     "wmwatch_source_event_time_max_seconds", "wmwatch_watermark_holding_back",
     "wmwatch_findings_active",
+    # late-row storms: batches over the audit's max_rows_per_batch
+    "wmwatch_audit_batches_over_cap_total", "wmwatch_late_rows_over_cap_total",
 }  # fmt: skip
 
 
