@@ -271,9 +271,10 @@ def seed_active_queries(spark: Any, offer: Offer, health: Health, *, room: int) 
 def _remembered_progress(query: Any, limit: int, health: Health) -> list[str | dict[str, Any]]:
     """The last ``limit`` progress updates Spark holds for ``query``, oldest first."""
     jsq = getattr(query, "_jsq", None)
-    if jsq is None:  # Spark Connect: one call, already decoded
+    if jsq is None:  # Spark Connect: one call for all of them
         recent = query.recentProgress or []
-        return [p for p in recent[-limit:] if isinstance(p, dict)]
+        # the document as Spark sent it (``.json``), as the stock listener records it
+        return [_progress_document(p) for p in recent[-limit:]]
     try:
         # JVM objects: one .json() round trip each, instead of PySpark's field-by-field conversion
         jrecent = jsq.recentProgress()
@@ -283,6 +284,13 @@ def _remembered_progress(query: Any, limit: int, health: Health) -> list[str | d
         health.error("seed")
         jlast = jsq.lastProgress()
         return [str(jlast.json())] if jlast is not None else []
+
+
+def _progress_document(progress: Any) -> str | dict[str, Any]:
+    text = getattr(progress, "json", None)
+    if isinstance(text, str):
+        return text
+    return dict(progress)
 
 
 # Spark's LiveListenerBus counts what each of its queues drops; streaming events go through "streams".
