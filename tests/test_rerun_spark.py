@@ -32,7 +32,9 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests.helpers import free_port, iso, scrape, write_events
-from tests.scripts.safety_support import NoQueriesSession
+from tests.scripts.safety_support import NoQueriesSession, progress_doc
+from wmwatch._progress import parse_progress
+from wmwatch._store import HistoryStore
 from wmwatch.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
@@ -254,6 +256,25 @@ def test_a_second_process_cannot_write_the_file_until_the_first_closes(tmp_path:
             ("from_second_process",), ("q",),
         ]  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["history.duckdb", "second.py"]
+
+
+def test_the_lock_goes_with_a_killed_writer(tmp_path: Path) -> None:
+    db = tmp_path / "history.duckdb"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom wmwatch._store import HistoryStore\n"
+         f"store = HistoryStore({str(db)!r}).start()\nprint('open', flush=True)\ntime.sleep(120)"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        with pytest.raises(wmwatch.StoreError, match=rf"another wmwatch \(PID {holder.pid}\)"):
+            HistoryStore(db)
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    with HistoryStore(db) as store:  # no stale lock: the kernel released it with the process
+        store.record_progress(parse_progress(progress_doc("after_kill", 0)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["history.duckdb"]
 
 
 # --------------------------------------------------------------------- history from before attach
