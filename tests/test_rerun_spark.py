@@ -258,6 +258,14 @@ def test_a_second_process_cannot_write_the_file_until_the_first_closes(tmp_path:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["history.duckdb", "second.py"]
 
 
+def test_a_failed_attach_leaves_the_file_registry_and_session_free(tmp_path: Path) -> None:
+    db, registry, session = tmp_path / "history.duckdb", CollectorRegistry(), NoQueriesSession()
+    with pytest.raises(wmwatch.ConfigError, match="listener mode"):
+        wmwatch.attach(session, db=str(db), metrics_port=None, registry=registry, listener="bogus")
+    with wmwatch.attach(session, db=str(db), metrics_port=None, registry=registry, strict=True) as watch:
+        assert watch.store is not None and watch.problems == []
+
+
 def test_the_lock_goes_with_a_killed_writer(tmp_path: Path) -> None:
     db = tmp_path / "history.duckdb"
     holder = subprocess.Popen(

@@ -55,8 +55,10 @@ class EventQueue:
     def offer(self, kind: str, payload: str | dict[str, Any]) -> bool:
         self._health.count(self._health.received, kind)
         event = RawEvent(kind, payload, time.monotonic())
+        if self._held is None:  # the common case: no lock but the queue's own
+            return self._put(event)
         with self._gate:
-            if self._held is None:
+            if self._held is None:  # the hold ended meanwhile
                 return self._put(event)
             if len(self._held) + self._queue.qsize() >= self.capacity:
                 self._health.count(self._health.dropped, kind)

@@ -134,6 +134,9 @@ class Watch:
         except BaseException:
             # nothing half-made may keep the port or the history file from the next attach
             self._stop.set()
+            for plugin in self.plugins():
+                with contextlib.suppress(Exception):
+                    plugin.close()
             self._teardown_partial()
             raise
 
@@ -154,6 +157,11 @@ class Watch:
         if server is not None:
             with contextlib.suppress(Exception):
                 server.close()
+        collector = getattr(self, "_collector", None)
+        if collector is not None:
+            # a caller's registry must take this watch's successor without a duplicate error
+            with contextlib.suppress(KeyError):
+                self.registry.unregister(collector)
 
     def _open_store(
         self, db: str | os.PathLike[str], retention_days: float | None, db_flush_seconds: float
