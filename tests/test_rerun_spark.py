@@ -288,6 +288,20 @@ def test_the_lock_goes_with_a_killed_writer(tmp_path: Path) -> None:
 # --------------------------------------------------------------------- history from before attach
 
 
+def test_live_events_wait_behind_the_seeded_batches() -> None:
+    from wmwatch._health import Health
+    from wmwatch._listener import EventQueue
+
+    events = EventQueue(10, Health())
+    with events.live_events_held() as offer_first:
+        events.offer("progress", "live batch 7")  # the listener, while attach is still seeding
+        offer_first("progress", "remembered batch 5")
+        offer_first("progress", "remembered batch 6")
+    events.offer("progress", "live batch 8")
+    order = [e.payload for e in iter(lambda: events.get(timeout=0.01), None)]
+    assert order == ["remembered batch 5", "remembered batch 6", "live batch 7", "live batch 8"]
+
+
 @pytest.mark.spark
 def test_attach_records_the_batches_spark_still_holds_once_and_in_order(
     spark: Any, stream_dir: Path, caplog: pytest.LogCaptureFixture

@@ -85,9 +85,10 @@ class EventQueue:
             yield offer_first
         finally:
             with self._gate:
-                held, self._held = self._held or [], None
-                for event in held:
+                # drained before it is unset: an offer that sees no hold must come after these
+                for event in self._held or []:
                     self._put(event)
+                self._held = None
 
     def _put(self, event: RawEvent) -> bool:
         try:
