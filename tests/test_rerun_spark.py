@@ -258,6 +258,16 @@ def test_a_second_process_cannot_write_the_file_until_the_first_closes(tmp_path:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["history.duckdb", "second.py"]
 
 
+def test_after_close_attach_serves_on_the_same_port_again(tmp_path: Path) -> None:
+    session, port = NoQueriesSession(), free_port()
+    with wmwatch.attach(session, db=str(tmp_path / "h.duckdb"), metrics_port=port, listener="stock") as first:
+        assert scrape(first.metrics_url or "")  # a scrape leaves the port in TIME_WAIT after close
+    with wmwatch.attach(session, db=str(tmp_path / "h.duckdb"), metrics_port=port, listener="stock") as second:
+        assert second is not first
+        assert second.problems == [] and second.metrics_url == f"http://127.0.0.1:{port}/metrics"
+        assert scrape(second.metrics_url)
+
+
 def test_a_failed_attach_leaves_the_file_registry_and_session_free(tmp_path: Path) -> None:
     db, registry, session = tmp_path / "history.duckdb", CollectorRegistry(), NoQueriesSession()
     with pytest.raises(wmwatch.ConfigError, match="listener mode"):
