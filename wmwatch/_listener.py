@@ -231,7 +231,7 @@ class ListenerRegistration:
 
 
 # Spark keeps 100 progress updates per query by default (spark.sql.streaming.numRecentProgressUpdates);
-# a larger setting is honoured up to this many, to keep attach to one or two py4j calls per batch.
+# a larger setting is honoured up to this many, so attach stays short (two py4j calls per batch).
 SEED_MAX_BATCHES_PER_QUERY = 1_000
 
 
