@@ -28,3 +28,6 @@ def test_spark_connect_queries_are_watched_with_the_stock_listener(tmp_path: Pat
     from datetime import datetime
 
     assert datetime.fromisoformat(result["watermark"]).timestamp() == iso(result["expected_watermark"])
+    # started before attach: the history starts at the query's first batch, each batch once
+    assert result["recorded_batches"] == result["expected_batches"] == list(range(len(result["expected_batches"])))
+    assert result["batches_total"] == len(result["expected_batches"])

@@ -11,6 +11,7 @@ import base64
 import errno
 import hashlib
 import hmac
+import os
 import socket
 import ssl
 import threading
@@ -90,7 +91,10 @@ def serve_metrics(
 
     class _Server(ThreadingWSGIServer):
         address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        allow_reuse_address = False
+        # A closed endpoint's port stays in TIME_WAIT for a minute after a scrape: without
+        # SO_REUSEADDR, close() then attach() on the same port would fail. On POSIX the flag never
+        # lets a second server listen on a port in use, so that is still refused.
+        allow_reuse_address = os.name == "posix"
 
     try:
         httpd = make_server(addr, port, app, _Server, handler_class=_QuietHandler)

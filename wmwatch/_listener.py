@@ -11,14 +11,19 @@ Two ways in, chosen at attach time:
   where events arrive in the client already decoded and cheap.
 
 Callbacks never raise and never block: when the queue is full the event is counted as dropped.
+
+Queries already running at attach are seeded from what Spark still holds of them
+(``recentProgress``), queued ahead of every live event so that batches arrive in order.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import queue
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +39,9 @@ class RawEvent:
     received_monotonic: float
 
 
+Offer = Callable[[str, str | dict[str, Any]], bool]
+
+
 class EventQueue:
     """A bounded queue of raw events; ``offer`` never blocks."""
 
@@ -41,13 +49,52 @@ class EventQueue:
         self.capacity = capacity
         self._queue: queue.Queue[RawEvent] = queue.Queue(maxsize=capacity)
         self._health = health
+        self._gate = threading.Lock()
+        self._held: list[RawEvent] | None = None
 
     def offer(self, kind: str, payload: str | dict[str, Any]) -> bool:
         self._health.count(self._health.received, kind)
+        event = RawEvent(kind, payload, time.monotonic())
+        if self._held is None:  # the common case: no lock but the queue's own
+            return self._put(event)
+        with self._gate:
+            if self._held is None:  # the hold ended meanwhile
+                return self._put(event)
+            if len(self._held) + self._queue.qsize() >= self.capacity:
+                self._health.count(self._health.dropped, kind)
+                return False
+            self._held.append(event)
+            return True
+
+    @contextlib.contextmanager
+    def live_events_held(self) -> Iterator[Offer]:
+        """Queue what is offered through the yielded function first; events offered meanwhile
+        through :meth:`offer` (the listener's) wait and follow, in their order, when the block ends.
+
+        Seeding uses it: the listener is added before reading what Spark remembers (so no batch
+        falls between the two), and a batch that finishes meanwhile must not overtake older ones.
+        """
+        with self._gate:
+            self._held = []
+
+        def offer_first(kind: str, payload: str | dict[str, Any]) -> bool:
+            self._health.count(self._health.received, kind)
+            return self._put(RawEvent(kind, payload, time.monotonic()))
+
         try:
-            self._queue.put_nowait(RawEvent(kind, payload, time.monotonic()))
+            yield offer_first
+        finally:
+            with self._gate:
+                # drained before it is unset: an offer that sees no hold must come after these
+                for event in self._held or []:
+                    self._put(event)
+                self._held = None
+
+    def _put(self, event: RawEvent) -> bool:
+        try:
+            self._queue.put_nowait(event)
         except queue.Full:
-            self._health.count(self._health.dropped, kind)
+            self._health.count(self._health.dropped, event.kind)
             return False
         return True
 
@@ -183,34 +230,70 @@ class ListenerRegistration:
             log.debug("wmwatch: removing the listener failed: %s", exc)
 
 
-def seed_active_queries(spark: Any, events: EventQueue, health: Health) -> int:
-    """Queue a started event (and the last progress) for queries running before attach."""
-    count = 0
+# Spark keeps 100 progress updates per query by default (spark.sql.streaming.numRecentProgressUpdates);
+# a larger setting is honoured up to this many, so attach stays short (two py4j calls per batch).
+SEED_MAX_BATCHES_PER_QUERY = 1_000
+
+
+def seed_active_queries(spark: Any, offer: Offer, health: Health, *, room: int) -> int:
+    """Queue a started event and the progress Spark still holds, oldest first, for every query
+    running before attach; return how many queries there were.
+
+    ``room``: at most this many progress events in all, so seeding never fills the queue that
+    live events need. The worker handles them like live ones: a batch seen again later (live,
+    or retried) replaces its history row and is not counted twice.
+    """
     try:
         active = list(spark.streams.active)
     except Exception:  # noqa: BLE001
         health.error("seed")
         return 0
+    per_query = max(1, min(SEED_MAX_BATCHES_PER_QUERY, room // max(1, len(active))))
+    recovered: list[str] = []
     for query in active:
         try:
-            events.offer(
-                "started",
-                {"id": str(query.id), "runId": str(query.runId), "name": query.name, "timestamp": None},
-            )
-            progress: Any
-            jsq = getattr(query, "_jsq", None)
-            if jsq is not None:
-                jprogress = jsq.lastProgress()
-                progress = jprogress.json() if jprogress is not None else None
-            else:
-                last = query.lastProgress
-                progress = json.dumps(last) if last else None
-            if progress:
-                events.offer("progress", progress)
-            count += 1
+            query_id, name = str(query.id), query.name
+            offer("started", {"id": query_id, "runId": str(query.runId), "name": name, "timestamp": None})
+            batches = _remembered_progress(query, per_query, health)
+            for progress in batches:
+                offer("progress", progress)
+            recovered.append(f"{name or query_id}: {len(batches)}")
         except Exception:  # noqa: BLE001
             health.error("seed")
-    return count
+    if recovered:
+        shown = ", ".join(recovered[:10]) + (f", and {len(recovered) - 10} more" if len(recovered) > 10 else "")
+        log.info(
+            "wmwatch: watching %d query(ies) that were already running; batches recorded from "
+            "Spark's recent progress: %s",
+            len(recovered),
+            shown,
+        )
+    return len(recovered)
+
+
+def _remembered_progress(query: Any, limit: int, health: Health) -> list[str | dict[str, Any]]:
+    """The last ``limit`` progress updates Spark holds for ``query``, oldest first."""
+    jsq = getattr(query, "_jsq", None)
+    if jsq is None:  # Spark Connect: one call for all of them
+        recent = query.recentProgress or []
+        # the document as Spark sent it (``.json``), as the stock listener records it
+        return [_progress_document(p) for p in recent[-limit:]]
+    try:
+        # JVM objects: one .json() round trip each, instead of PySpark's field-by-field conversion
+        jrecent = jsq.recentProgress()
+        count = len(jrecent)
+        return [str(jrecent[i].json()) for i in range(max(0, count - limit), count)]
+    except Exception:  # noqa: BLE001 - internal API: fall back to the last progress
+        health.error("seed")
+        jlast = jsq.lastProgress()
+        return [str(jlast.json())] if jlast is not None else []
+
+
+def _progress_document(progress: Any) -> str | dict[str, Any]:
+    text = getattr(progress, "json", None)
+    if isinstance(text, str):
+        return text
+    return dict(progress)
 
 
 # Spark's LiveListenerBus counts what each of its queues drops; streaming events go through "streams".

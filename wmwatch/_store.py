@@ -12,12 +12,18 @@ processes use :func:`open_readonly`, which retries while the writer holds the lo
 Every write is idempotent (upserts on the tables' primary keys), so a retried write or a
 retried Spark batch replaces rows instead of duplicating them. Nothing already committed is
 deleted, except by the optional retention.
+
+A file has one writer at a time: a store holds an exclusive lock on ``<db>.lock`` for its whole
+life (see :class:`_WriterLock`), so a second writer, in this process or another, is refused with
+one line instead of two writers fighting over the same batches. Readers never take it.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
+import fcntl
 import itertools
 import json
 import logging
@@ -184,7 +190,19 @@ class HistoryStore:
         self._verified_file: tuple[int, int] | None = None
         self.recovered_after_crash = False
         self.history_at_open: tuple[QueryHistory, ...] = ()
-        self._open_initial(open_timeout_seconds)
+        self._writer_lock = _WriterLock(self.path)
+        try:
+            self._open_initial(open_timeout_seconds)
+        except BaseException:
+            self._writer_lock.release()
+            raise
+        if self._writer_lock.unlocked_reason is not None:
+            _log.warning(
+                "%s: writing %s without excluding other processes (a second writer there would "
+                "not be detected)",
+                self._writer_lock.unlocked_reason,
+                self.path,
+            )
 
     # ------------------------------------------------------------------ public API
 
@@ -339,6 +357,9 @@ class HistoryStore:
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
+        if thread is None or not thread.is_alive():
+            # a writer still inside a flush keeps the file: the lock goes when the process does
+            self._writer_lock.release()
         with self._cond:
             left = len(self._pending)
             reads = list(self._reads)
@@ -668,6 +689,119 @@ class HistoryStore:
             self._health = replace(
                 self._health, errors_total=self._health.errors_total + 1, last_error=message
             )
+
+
+# ---------------------------------------------------------------------- one writer per file
+
+
+# Paths of the history files this process writes (see _WriterLock).
+_WRITTEN_HERE: set[str] = set()
+_WRITTEN_HERE_GUARD = threading.Lock()
+
+
+class _WriterLock:
+    """Exclusive right to write one history file, held from open to close.
+
+    Two writers on one file upsert the same batches in turn and fail each other's commits, so the
+    second one is refused at open. Across processes: ``flock`` on ``<db>.lock`` (0600, holding the
+    owner's PID for the message); the kernel drops it when the process dies, so a crash never
+    leaves a file locked. Within this process: a set of held paths, because a filesystem may
+    emulate ``flock`` with per-process locks. The lock file is removed on release, so a closed
+    store leaves only its database behind; whoever locks it checks that the path still names the
+    file it locked, and retries otherwise.
+
+    Where the lock file cannot be created (a read-only or missing folder) the store goes on
+    without the cross-process lock rather than fail on the lock: DuckDB cannot write its log in
+    such a folder either, so opening the database reports the real problem. If the database opens
+    all the same, the in-process check still applies and :attr:`unlocked_reason` says why other
+    processes are not excluded (the store logs it).
+    """
+
+    def __init__(self, db: Path) -> None:
+        self._db = db
+        self._key = os.path.realpath(db)
+        self._lock_path = Path(f"{db}.lock")
+        self._fd: int | None = None
+        self._owns_key = False
+        self.unlocked_reason: str | None = None
+        with _WRITTEN_HERE_GUARD:
+            if self._key in _WRITTEN_HERE:
+                raise StoreError(
+                    f"{db} is already being written by another wmwatch in this process "
+                    f"(PID {os.getpid()}): close that watch or pass another db"
+                )
+            _WRITTEN_HERE.add(self._key)
+            self._owns_key = True
+        try:
+            self._fd = self._lock_file()
+        except BaseException:
+            self.release()
+            raise
+
+    def _lock_file(self) -> int | None:
+        for _ in range(10):
+            try:
+                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+            except OSError as exc:
+                self.unlocked_reason = f"cannot create {self._lock_path}: {exc.strerror or exc}"
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_pid(fd)
+                os.close(fd)
+                who = f" (PID {holder})" if holder else ""
+                raise StoreError(
+                    f"{self._db} is already being written by another wmwatch{who}: "
+                    "close that watch or pass another db"
+                ) from None
+            except OSError as exc:  # a filesystem without flock (ENOLCK, EINVAL)
+                os.close(fd)
+                self.unlocked_reason = f"cannot lock {self._lock_path}: {exc.strerror or exc}"
+                return None
+            if _same_file(fd, self._lock_path):
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                return fd
+            os.close(fd)  # its owner removed it between our open and our lock: take the new one
+        self.unlocked_reason = f"{self._lock_path} kept being replaced"
+        return None
+
+    def release(self) -> None:
+        """Give the file up (idempotent); the process exiting does the same."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            # removed while still locked, so nobody can lock this inode and take it for current
+            with contextlib.suppress(OSError):
+                if _same_file(fd, self._lock_path):
+                    self._lock_path.unlink()
+            os.close(fd)
+        if self._owns_key:
+            self._owns_key = False
+            with _WRITTEN_HERE_GUARD:
+                _WRITTEN_HERE.discard(self._key)
+
+    def __del__(self) -> None:
+        # a store dropped without close(): free the file for the next writer in this process
+        with contextlib.suppress(Exception):
+            self.release()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        opened, named = os.fstat(fd), os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return False
+        raise
+    return (opened.st_dev, opened.st_ino) == (named.st_dev, named.st_ino)
+
+
+def _read_pid(fd: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(os.pread(fd, 32, 0).decode().strip())
+    return None
 
 
 # ---------------------------------------------------------------------- schema and files

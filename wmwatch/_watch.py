@@ -36,6 +36,7 @@ from wmwatch._listener import (
 )
 from wmwatch._plugins import WatchPlugin
 from wmwatch._progress import ProgressSnapshot, parse_progress
+from wmwatch._sessions import SessionRegistry, differing_options
 from wmwatch._state import QueryBook, QueryState
 
 log = logging.getLogger("wmwatch")
@@ -124,10 +125,20 @@ class Watch:
 
         self._worker = threading.Thread(target=self._run, name="wmwatch-worker", daemon=True)
         self._worker.start()
-        self._registration = ListenerRegistration(spark, self._events, self.health, mode=listener)
-        seeded = seed_active_queries(spark, self._events, self.health)
-        if seeded:
-            log.info("wmwatch: watching %d query(ies) that were already running", seeded)
+        try:
+            # Live events wait until the batches Spark still holds for running queries are
+            # queued: history goes in batch order, and a batch seen twice counts once.
+            with self._events.live_events_held() as offer_first:
+                self._registration = ListenerRegistration(spark, self._events, self.health, mode=listener)
+                seed_active_queries(spark, offer_first, self.health, room=queue_capacity // 2)
+        except BaseException:
+            # nothing half-made may keep the port or the history file from the next attach
+            self._stop.set()
+            for plugin in self.plugins():
+                with contextlib.suppress(Exception):
+                    plugin.close()
+            self._teardown_partial()
+            raise
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -142,6 +153,15 @@ class Watch:
         if self.store is not None:
             with contextlib.suppress(Exception):
                 self.store.close()
+        server: MetricsServer | None = getattr(self, "metrics_server", None)
+        if server is not None:
+            with contextlib.suppress(Exception):
+                server.close()
+        collector = getattr(self, "_collector", None)
+        if collector is not None:
+            # a caller's registry must take this watch's successor without a duplicate error
+            with contextlib.suppress(KeyError):
+                self.registry.unregister(collector)
 
     def _open_store(
         self, db: str | os.PathLike[str], retention_days: float | None, db_flush_seconds: float
@@ -250,22 +270,26 @@ class Watch:
         if self._closed:
             return
         self._closed = True
-        self._registration.remove()
-        self.flush(timeout=timeout)
-        self._stop.set()
-        self._worker.join(timeout=timeout)
-        for plugin in self.plugins():
-            try:
-                plugin.close()
-            except Exception:  # noqa: BLE001
-                log.exception("wmwatch: plugin %s failed to close", plugin.name)
-        if self.store is not None:
-            self.store.close()
-        if self.metrics_server is not None:
-            self.metrics_server.close()
-            self.health.metrics_server_up = False
-        with contextlib.suppress(KeyError):
-            self.registry.unregister(self._collector)
+        try:
+            self._registration.remove()
+            self.flush(timeout=timeout)
+            self._stop.set()
+            self._worker.join(timeout=timeout)
+            for plugin in self.plugins():
+                try:
+                    plugin.close()
+                except Exception:  # noqa: BLE001
+                    log.exception("wmwatch: plugin %s failed to close", plugin.name)
+            if self.store is not None:
+                self.store.close()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+                self.health.metrics_server_up = False
+            with contextlib.suppress(KeyError):
+                self.registry.unregister(self._collector)
+        finally:
+            # only now, with the port and the history file free, may the session get a new watch
+            _LIVE_WATCHES.discard(self)
 
     def __enter__(self) -> Watch:
         return self
@@ -433,25 +457,74 @@ def attach(
     ``db_flush_seconds``: how often history is written (the file is opened only then, so
     ``wmwatch report`` can read it in between). ``retention_days``: delete older history.
     ``pushgateway``: ``host:port`` to push to, for jobs that end before a scrape.
+
+    One watch per session: on a session that already has a live watch, ``attach`` returns it
+    (and warns about options that differ from its own); ``close()`` it first to attach anew.
     """
-    return Watch(
-        spark,
-        db=db,
-        metrics_port=metrics_port,
-        metrics_addr=metrics_addr,
-        registry=registry,
-        metrics_certfile=metrics_certfile,
-        metrics_keyfile=metrics_keyfile,
-        metrics_basic_auth=metrics_basic_auth,
-        strict=strict,
-        queue_capacity=queue_capacity,
-        forget_after_seconds=forget_after_seconds,
-        retention_days=retention_days,
-        db_flush_seconds=db_flush_seconds,
-        listener=listener,
-        plugins=plugins,
-        inspect_plans=inspect_plans,
-        state_budget_bytes=state_budget_bytes,
-        pushgateway=pushgateway,
-        push_job=push_job,
-    )
+    plugins = tuple(plugins)
+    requested: dict[str, Any] = {
+        # as the watch resolves them, so "h.duckdb" and "./h.duckdb" are the same option
+        "db": str(Path(db).expanduser().absolute()) if db is not None else None,
+        "metrics_port": metrics_port or None,
+        "metrics_addr": metrics_addr or os.environ.get("WMWATCH_METRICS_ADDR") or DEFAULT_METRICS_ADDR,
+        "registry": registry,
+        "metrics_certfile": metrics_certfile,
+        "metrics_keyfile": metrics_keyfile,
+        "metrics_basic_auth": metrics_basic_auth,
+        "strict": strict,
+        "queue_capacity": queue_capacity,
+        "forget_after_seconds": forget_after_seconds,
+        "retention_days": retention_days,
+        "db_flush_seconds": db_flush_seconds,
+        "listener": listener,
+        "plugins": plugins,
+        "inspect_plans": inspect_plans,
+        "state_budget_bytes": state_budget_bytes,
+        "pushgateway": pushgateway,
+        "push_job": push_job,
+    }
+
+    def create() -> Watch:
+        return Watch(
+            spark,
+            db=db,
+            metrics_port=metrics_port,
+            metrics_addr=metrics_addr,
+            registry=registry,
+            metrics_certfile=metrics_certfile,
+            metrics_keyfile=metrics_keyfile,
+            metrics_basic_auth=metrics_basic_auth,
+            strict=strict,
+            queue_capacity=queue_capacity,
+            forget_after_seconds=forget_after_seconds,
+            retention_days=retention_days,
+            db_flush_seconds=db_flush_seconds,
+            listener=listener,
+            plugins=plugins,
+            inspect_plans=inspect_plans,
+            state_budget_bytes=state_budget_bytes,
+            pushgateway=pushgateway,
+            push_job=push_job,
+        )
+
+    # A second watch would add a second listener (every event twice) and fight the first for
+    # its port and history file; returning the live one keeps its counters and audits going.
+    watch, live_options = _LIVE_WATCHES.get_or_create(spark, requested, create)
+    if live_options is not None:
+        log.info(
+            "wmwatch: this SparkSession already has a live watch (history: %s, metrics: %s); "
+            "returning it",
+            watch.store.path if watch.store is not None else "none",
+            watch.metrics_url or "none",
+        )
+        ignored = differing_options(live_options, requested)
+        if ignored:
+            log.warning(
+                "wmwatch: attach ignored %s (different from the live watch's): call watch.close() "
+                "first to attach with new options",
+                ", ".join(ignored),
+            )
+    return watch
+
+
+_LIVE_WATCHES: SessionRegistry[Watch] = SessionRegistry()
