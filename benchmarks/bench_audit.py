@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _machine import print_machine
+
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 DELAY = "30 seconds"
@@ -185,6 +187,7 @@ def audit_rate(spark: Any, folder: Path, rows: int, sink: str) -> tuple[int, flo
 
 
 def main() -> None:
+    print_machine()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=16)
     parser.add_argument("--rows", type=int, default=20_000)

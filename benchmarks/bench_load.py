@@ -21,6 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _machine import print_machine  # noqa: E402
+
 import wmwatch  # noqa: E402
 from tests.scripts.safety_support import NoQueriesSession, progress_event_json, rss_bytes  # noqa: E402
 
@@ -74,6 +76,7 @@ def run_rate(rate: float, seconds: float, work: Path) -> dict[str, Any]:
 
 
 def main() -> None:
+    print_machine()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rates", default="500,1000,2000,4000")
