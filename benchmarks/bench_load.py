@@ -148,7 +148,7 @@ def main() -> None:
             print(f"{label:>10} {r['handled']:>8} {r['dropped']:>8} {r['handled_per_second']:>10.0f} "
                   f"{r['queue_max']:>9} {r['rss_before'] / 1e6:>6.1f}->{r['rss_after'] / 1e6:<6.1f}")
     costs = per_event_costs()
-    print("\nper progress event on the worker (recorded fixture, best of 3):")
+    print("\nper progress event on the worker (the progress above, compact, best of 3):")
     for step, micros in costs.items():
         print(f"  {step:<18} {micros:>7.1f} us")
     print(f"  {'total':<18} {sum(costs.values()):>7.1f} us = {1e6 / sum(costs.values()):,.0f} events/s on one core")
