@@ -1,7 +1,8 @@
 """Parsing of streaming progress documents: the one place where JSON becomes typed snapshots.
 
 Every progress document wmwatch sees (from the listener, from ``query.lastProgress``, from a
-recorded fixture) goes through :func:`parse_progress`. Milliseconds become seconds, ISO-8601
+recorded fixture) goes through :func:`parse_progress`, or :func:`parse_progress_event` for what a
+listener hands over (``QueryProgressEvent.json()`` nests the document under "progress"). Milliseconds become seconds, ISO-8601
 strings become aware UTC datetimes, and anything missing or malformed becomes ``None`` rather
 than an exception, except the three fields that identify a batch (``id``, ``runId``, ``batchId``).
 """
@@ -158,8 +159,8 @@ def parse_progress_event(raw: str | bytes | Mapping[str, Any]) -> ProgressSnapsh
         return parse_progress(text)
     inner = _event_inner_text(text)
     if inner is not None:
-        # Decode only the nested document: its text is kept as the raw progress as it is, so
-        # the event is decoded once and never serialised again.
+        # Decode only the nested document and keep its text as the raw progress: one decode
+        # per event, and nothing serialised again.
         try:
             doc = _loads(inner)
         except ProgressParseError:
