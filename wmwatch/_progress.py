@@ -2,9 +2,10 @@
 
 Every progress document wmwatch sees (from the listener, from ``query.lastProgress``, from a
 recorded fixture) goes through :func:`parse_progress`, or :func:`parse_progress_event` for what a
-listener hands over (``QueryProgressEvent.json()`` nests the document under "progress"). Milliseconds become seconds, ISO-8601
-strings become aware UTC datetimes, and anything missing or malformed becomes ``None`` rather
-than an exception, except the three fields that identify a batch (``id``, ``runId``, ``batchId``).
+listener hands over (``QueryProgressEvent.json()`` nests the document under "progress").
+Milliseconds become seconds, ISO-8601 strings become aware UTC datetimes, and anything missing
+or malformed becomes ``None`` rather than an exception, except the three fields that identify a
+batch (``id``, ``runId``, ``batchId``).
 """
 
 from __future__ import annotations
