@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _machine import print_machine
+
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 DELAY = "30 seconds"
@@ -223,6 +225,7 @@ def storm(rows: int) -> None:
 
 
 def main() -> None:
+    print_machine()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=16)
     parser.add_argument("--rows", type=int, default=20_000)
@@ -233,9 +236,6 @@ def main() -> None:
         "--only", choices=("throughput", "rate", "storm"), default=None, help="run one part"
     )
     args = parser.parse_args()
-    from _machine import print_machine
-
-    print_machine()
     if args.only == "storm":
         storm(args.storm_rows)
         return

@@ -27,6 +27,8 @@ from typing import Any
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _machine import print_machine  # noqa: E402
+
 import wmwatch  # noqa: E402
 from wmwatch._health import Health  # noqa: E402
 from wmwatch._listener import EventQueue, Py4jListener  # noqa: E402
@@ -239,6 +241,7 @@ def bench_freshness(spark: Any, work: Path, seconds: float) -> dict[str, float]:
 
 
 def main() -> None:
+    print_machine()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     args = parser.parse_args()

@@ -3,8 +3,9 @@
 Feeds realistic progress events (the JSON Spark's listener hands wmwatch) for 20 queries into a
 real Watch (queue -> worker -> query book -> DuckDB writer thread -> /metrics) from several
 threads, first at fixed rates (is every event handled with no drop and a short queue?), then as
-fast as possible (what the worker sustains). The Spark-level figures (20 real queries in one
-local[2] session) come from tests/test_load.py.
+fast as possible (what the worker sustains). Last, the worker's cost per event, step by step
+(decode and parse, query book, history rows, plan plugin hook), without threads or I/O. The
+Spark-level figures (20 real queries in one local[2] session) come from tests/test_load.py.
 
     python benchmarks/bench_load.py [--seconds 10] [--rates 500,1000,2000,4000]
 """
@@ -21,8 +22,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _machine import print_machine  # noqa: E402
+
 import wmwatch  # noqa: E402
-from tests.scripts.safety_support import NoQueriesSession, progress_event_json, rss_bytes  # noqa: E402
+from tests.scripts.safety_support import (  # noqa: E402
+    NoQueriesSession,
+    progress_doc,
+    progress_event_json,
+    rss_bytes,
+)
 
 THREADS = 4
 QUERIES_PER_THREAD = 5
@@ -73,7 +81,59 @@ def run_rate(rate: float, seconds: float, work: Path) -> dict[str, Any]:
     }
 
 
+def per_event_costs(events: int = 5000) -> dict[str, float]:
+    """Microseconds per progress event for each step of the worker, on the same progress as
+    above, compact as ``QueryProgressEvent.json()`` delivers it (best of three passes)."""
+    import json
+    from datetime import UTC, datetime
+
+    from wmwatch._plan import PlanPlugin
+    from wmwatch._progress import parse_progress_event
+    from wmwatch._state import QueryBook
+    from wmwatch._store import _progress_rows
+
+    texts = [
+        '{"progress":' + json.dumps(progress_doc("q", batch, name="q"), separators=(",", ":")) + "}"
+        for batch in range(events)
+    ]
+
+    class _NoQueries:
+        store = None
+
+        def get_query(self, query_id: str) -> None:
+            return None
+
+    best: dict[str, float] = {}
+    for _ in range(3):
+        book = QueryBook()
+        plan = PlanPlugin(_NoQueries())
+        try:
+            began = time.perf_counter()
+            snapshots = [parse_progress_event(text) for text in texts]
+            parsed = time.perf_counter()
+            late = [book.on_progress(snapshot) for snapshot in snapshots]
+            booked = time.perf_counter()
+            now = datetime.now(UTC)
+            for snapshot, watermark in zip(snapshots, late, strict=True):
+                _progress_rows(snapshot, watermark, now)
+            rows = time.perf_counter()
+            for snapshot in snapshots:
+                plan.on_progress(snapshot)
+            planned = time.perf_counter()
+        finally:
+            plan.close()
+        for step, seconds in (
+            ("decode and parse", parsed - began),
+            ("query book", booked - parsed),
+            ("history rows", rows - booked),
+            ("plan plugin hook", planned - rows),
+        ):
+            best[step] = min(best.get(step, float("inf")), seconds / events * 1e6)
+    return best
+
+
 def main() -> None:
+    print_machine()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rates", default="500,1000,2000,4000")
@@ -87,6 +147,11 @@ def main() -> None:
             label = f"{rate:.0f}" if rate else "max"
             print(f"{label:>10} {r['handled']:>8} {r['dropped']:>8} {r['handled_per_second']:>10.0f} "
                   f"{r['queue_max']:>9} {r['rss_before'] / 1e6:>6.1f}->{r['rss_after'] / 1e6:<6.1f}")
+    costs = per_event_costs()
+    print("\nper progress event on the worker (the progress above, compact, best of 3):")
+    for step, micros in costs.items():
+        print(f"  {step:<18} {micros:>7.1f} us")
+    print(f"  {'total':<18} {sum(costs.values()):>7.1f} us = {1e6 / sum(costs.values()):,.0f} events/s on one core")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import duckdb
+from _machine import print_machine
 
 from wmwatch._store import HistoryStore
 
@@ -196,6 +197,7 @@ def _time_subprocess(db: Path) -> float:
 
 
 def main() -> int:
+    print_machine()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=5)

@@ -143,19 +143,34 @@ class Received:
     method: str
     path: str
     body: str
-    at_monotonic: float
 
 
 @dataclass
 class Recorder:
-    """Records every request; answers 200 after ``delay_seconds``."""
+    """Records every request and answers 200; after ``hold()`` it answers nothing until
+    ``release()``, like a gateway that hangs (requests that arrive are still listed in ``arrived``)."""
 
     url: str
-    delay_seconds: float = 0.0
     requests: list[Received] = field(default_factory=list)
+    arrivals: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    gate: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+
+    def hold(self) -> None:
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def arrived(self) -> list[Received]:
+        with self.lock:
+            return [r for r in self.arrivals if r.method in ("PUT", "POST")]
 
     def pushes(self) -> list[Received]:
+        """Requests that were answered."""
         with self.lock:
             return [r for r in self.requests if r.method in ("PUT", "POST")]
 
@@ -166,7 +181,7 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 @contextmanager
-def recorder(delay_seconds: float = 0.0) -> Iterator[Recorder]:
+def recorder() -> Iterator[Recorder]:
     """A loopback HTTP server that stores each request, standing in for a Pushgateway."""
     box: list[Recorder] = []
 
@@ -174,16 +189,17 @@ def recorder(delay_seconds: float = 0.0) -> Iterator[Recorder]:
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length).decode() if length else ""
         rec = box[0]
-        time.sleep(rec.delay_seconds)
+        received = Received(environ["REQUEST_METHOD"], environ["PATH_INFO"], body)
         with rec.lock:
-            rec.requests.append(
-                Received(environ["REQUEST_METHOD"], environ["PATH_INFO"], body, time.monotonic())
-            )
+            rec.arrivals.append(received)
+        rec.gate.wait()
+        with rec.lock:
+            rec.requests.append(received)
         start_response("200 OK", [("Content-Type", "text/plain")])
         return [b""]
 
     server: WSGIServer = make_server("127.0.0.1", 0, app, handler_class=_QuietHandler)
-    box.append(Recorder(url=f"http://127.0.0.1:{server.server_port}", delay_seconds=delay_seconds))
+    box.append(Recorder(url=f"http://127.0.0.1:{server.server_port}"))
     thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
     )
@@ -191,6 +207,7 @@ def recorder(delay_seconds: float = 0.0) -> Iterator[Recorder]:
     try:
         yield box[0]
     finally:
+        box[0].release()  # a held request would keep the server from shutting down
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)

@@ -1,13 +1,17 @@
 """Load and long-run: wmwatch keeps up, stays bounded and records every batch exactly once.
 
-Three scenarios, each printing its figures (run with ``-s`` or ``-rA`` to see them):
+Three scenarios. Each asserts behaviour only (nothing lost, nothing recorded twice, the queue
+bounded by its capacity, overflow counted, memory flat), never how fast the machine is: speed is
+measured by ``benchmarks/bench_load.py`` and ``benchmarks/bench_report.py``. The figures a run
+happens to reach are printed (run with ``-s`` or ``-rA`` to see them):
 
 * 20 concurrent streaming queries in the shared local[2] session, with idle queries and a burst
   of restarts and terminations, watched end to end (py4j listener, worker, store, HTTP endpoint).
-* The worker without Spark: several threads offer thousands of realistic progress events per
-  second, to find the sustained events/s and check that memory and the queue stay bounded.
+* The worker without Spark: several threads offer a thousand realistic progress events a second,
+  then a burst larger than the queue while the worker is held: every event is handled once or
+  counted as dropped.
 * A long history: 12,000 batches through the real Watch and HistoryStore, for the db size per
-  1,000 batches, the effect of ``retention_days`` and the time of ``wmwatch report``.
+  1,000 batches, the effect of ``retention_days`` and a ``wmwatch report`` over all of it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typer.testing import CliRunner
 import wmwatch
 from tests.helpers import free_port, write_events
 from tests.scripts.safety_support import NoQueriesSession, progress_event_json, rss_bytes
+from wmwatch._plugins import WatchPlugin
 from wmwatch.cli import app
 
 
@@ -136,11 +141,11 @@ def _run_twenty(spark: Any, tmp_path: Path, db: Path, port: int, queries: list[A
                 query.stop()
         all_queries = stopped + queries
         # Spark's bus delivers asynchronously: the last progress comes before the termination
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 300  # generous: a wait, not a speed bound
         while watch.health.copy()["received"].get("terminated", 0) < len(all_queries):  # type: ignore[attr-defined]
             assert time.monotonic() < deadline, "not every termination reached wmwatch"
             time.sleep(0.1)
-        assert watch.flush(timeout=60)
+        assert watch.flush(timeout=300)
         health = watch.health.copy()
 
         # the endpoint shows every query's last batch and that it stopped
@@ -150,6 +155,7 @@ def _run_twenty(spark: Any, tmp_path: Path, db: Path, port: int, queries: list[A
             str(q.id): [p for p in q.recentProgress if "addBatch" in p["durationMs"]] for q in all_queries
         }
         final_scrape = _scrape(watch.metrics_url)
+        capacity = final_scrape[("wmwatch_event_queue_capacity", ())]
         for query in all_queries:
             label = (("query", query.name),)
             last_executed = recent[str(query.id)][-1]["batchId"]
@@ -199,9 +205,8 @@ def _run_twenty(spark: Any, tmp_path: Path, db: Path, port: int, queries: list[A
         f"driver RSS after warm-up {rss_start / 1e6:.1f} MB -> end {rss_end / 1e6:.1f} MB; "
         f"batch end -> recorded on the worker p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms"
     )
-    assert queue_max < 100
+    assert queue_max <= capacity
     assert rss_end - rss_start < 40e6
-    assert p99 < 2.0  # 20 queries on 2 cores; one query at several batches/s: p99 42 ms (bench_core)
 
 
 # ----------------------------------------------------------------------------- worker only
@@ -225,19 +230,23 @@ def _feeder(watch: Any, queries: list[str], start_batch: int, count: int, rate: 
 
 
 @pytest.mark.slow
-def test_worker_sustains_thousands_of_events_per_second(tmp_path: Path) -> None:
+def test_worker_handles_a_steady_feed_from_many_threads_exactly_once(tmp_path: Path) -> None:
+    """20 queries at 50 batches/s each from 4 threads: every event handled and recorded once."""
     db = tmp_path / "worker.duckdb"
-    with wmwatch.attach(NoQueriesSession(), db=str(db), metrics_port=free_port(), listener="stock") as watch:
+    threads_n, per_thread_queries = 4, 5
+    rate, seconds = 1000.0, 15.0
+    per_query = int(rate * seconds / (threads_n * per_thread_queries))
+    # Room for the whole feed: however slow the machine, nothing may be dropped here (overflow
+    # has a test of its own below).
+    capacity = int(rate * seconds) + 1000
+    with wmwatch.attach(NoQueriesSession(), db=str(db), metrics_port=free_port(), listener="stock",
+                        queue_capacity=capacity) as watch:
         assert watch.metrics_url is not None
-        threads_n, per_thread_queries = 4, 5
         names = [[f"w{t}_q{i}" for i in range(per_thread_queries)] for t in range(threads_n)]
         for group in names:
             for name in group:
                 watch._events.offer("started", {"id": name, "runId": "run-1", "name": name})
 
-        # Phase 1: a steady 1,000 events/s for 15 s (20 queries at 50 batches/s each).
-        rate, seconds = 1000.0, 15.0
-        per_query = int(rate * seconds / (threads_n * per_thread_queries))
         offered: list[int] = []
         queue_sizes: list[int] = []
         rss: list[tuple[float, int]] = []
@@ -253,14 +262,20 @@ def test_worker_sustains_thousands_of_events_per_second(tmp_path: Path) -> None:
             queue_sizes.append(watch._events.size())
             rss.append((time.perf_counter() - begin, rss_bytes()))
         steady_seconds = time.perf_counter() - begin
-        assert watch.flush(timeout=60)
+        assert watch.flush(timeout=600)
         drained_seconds = time.perf_counter() - begin
         health = watch.health.copy()
         assert health["dropped"] == {}
+        assert health["errors"] == {}
+        assert health["received"]["progress"] == sum(offered) == per_query * threads_n * per_thread_queries  # type: ignore[index]
         assert health["processed"]["progress"] == sum(offered)  # type: ignore[index]
         scraped = _scrape(watch.metrics_url)
-        assert scraped[("wmwatch_last_batch_id", (("query", "w0_q0"),))] == per_query - 1
+        for group in names:
+            for name in group:
+                assert scraped[("wmwatch_last_batch_id", (("query", name),))] == per_query - 1
+                assert scraped[("wmwatch_batches_total", (("query", name),))] == per_query
         assert scraped[("wmwatch_event_queue_size", ())] == 0
+        assert max(queue_sizes) <= capacity
 
         # Bursts of idle and terminated events on top (stopped queries are kept, then forgotten).
         for group in names:
@@ -268,45 +283,83 @@ def test_worker_sustains_thousands_of_events_per_second(tmp_path: Path) -> None:
                 for _ in range(50):
                     watch._events.offer("idle", {"id": name, "runId": "run-1", "timestamp": None})
                 watch._events.offer("terminated", {"id": name, "runId": "run-1", "exception": None})
-        assert watch.flush(timeout=30)
-        assert watch.health.copy()["errors"] == {}
-
-        # Phase 2: saturate: three threads offer as fast as they can, 30,000 events.
-        before = watch.health.copy()
-        offered2: list[int] = []
-        burst = [threading.Thread(target=_feeder, args=(watch, [f"s{t}_q{i}" for i in range(5)], 0, 2000, 0.0,
-                                                        offered2)) for t in range(3)]
-        begin = time.perf_counter()
-        for thread in burst:
-            thread.start()
-        max_queue = 0
-        while any(t.is_alive() for t in burst) or watch._events.size():
-            max_queue = max(max_queue, watch._events.size())
-            time.sleep(0.01)
-        assert watch.flush(timeout=120)
-        burst_seconds = time.perf_counter() - begin
+        assert watch.flush(timeout=600)
         after = watch.health.copy()
-        handled = after["processed"]["progress"] - before["processed"]["progress"]  # type: ignore[index]
-        dropped = after["dropped"].get("progress", 0) - before["dropped"].get("progress", 0)  # type: ignore[attr-defined]
-        capacity = watch._events.capacity
-    # nothing lost silently: every event offered was handled or counted as dropped
-    assert handled + dropped == sum(offered2)
-    assert max_queue <= capacity
+        assert after["errors"] == {}
+        assert after["dropped"] == {}
+        assert after["processed"] == after["received"]
+        scraped = _scrape(watch.metrics_url)
+        assert scraped[("wmwatch_query_up", (("query", "w0_q0"),))] == 0
 
     recorded = _db_rows(db, "SELECT count(*), count(DISTINCT (query_id, batch_id)) FROM batches WHERE query_id LIKE 'w%'")
     assert recorded == [(sum(offered), sum(offered))]
-    warm = [v for t, v in rss if t > 3.0]
-    growth = statistics.median(warm[-5:]) - statistics.median(warm[:5])
+    warm = [v for t, v in rss if t > 3.0] or [v for _, v in rss]
     print(
         f"\n[load/worker] steady {sum(offered)} events at {rate:.0f}/s from {threads_n} threads: "
         f"all handled and recorded once, drained {drained_seconds - steady_seconds:.2f} s after the "
-        f"last offer, queue max {max(queue_sizes)}, RSS {statistics.median(warm[:5]) / 1e6:.1f} -> "
-        f"{statistics.median(warm[-5:]) / 1e6:.1f} MB; saturated: {handled} handled in "
-        f"{burst_seconds:.1f} s = {handled / burst_seconds:.0f} events/s sustained by the worker "
-        f"(with DuckDB writes), {dropped} dropped and counted, queue max {max_queue}/{capacity}"
+        f"last offer, queue max {max(queue_sizes)}, RSS after warm-up {statistics.median(warm[:5]) / 1e6:.1f} -> "
+        f"{statistics.median(warm[-5:]) / 1e6:.1f} MB "
+        f"(events/s this machine sustains: benchmarks/bench_load.py)"
     )
-    assert max(queue_sizes) < 500
-    assert growth < 20e6
+
+
+class HoldFirstProgress(WatchPlugin):
+    """Holds the worker inside its first progress event until released: the queue behind it fills."""
+
+    name = "hold"
+
+    def __init__(self) -> None:
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def on_progress(self, snapshot: Any) -> None:
+        if not self.holding.is_set():
+            self.holding.set()
+            self.release.wait(timeout=300)
+
+
+@pytest.mark.slow
+def test_a_full_queue_drops_and_counts_and_never_blocks_the_listener(tmp_path: Path) -> None:
+    """Three threads offer 6,000 events while the worker is stuck: the queue fills to its capacity
+    and no further, the offers never wait, every event is handled once or counted as dropped."""
+    db = tmp_path / "overflow.duckdb"
+    capacity = 100
+    holder = HoldFirstProgress()
+    with wmwatch.attach(NoQueriesSession(), db=str(db), metrics_port=None, listener="stock",
+                        queue_capacity=capacity, plugins=[holder], inspect_plans=False) as watch:
+        watch._events.offer("progress", progress_event_json("first", 0, name="first"))
+        assert holder.holding.wait(timeout=60)
+
+        offered: list[int] = []
+        groups = [[f"s{t}_q{i}" for i in range(5)] for t in range(3)]
+        burst = [threading.Thread(target=_feeder, args=(watch, group, 0, 400, 0.0, offered)) for group in groups]
+        max_queue = 0
+        for thread in burst:
+            thread.start()
+        while any(t.is_alive() for t in burst):
+            max_queue = max(max_queue, watch._events.size())
+            time.sleep(0.001)
+        for thread in burst:
+            thread.join(timeout=300)
+        # the listener side never waited on the stuck worker: every offer returned
+        assert sum(offered) == 3 * 5 * 400
+        assert watch._events.size() == capacity and max_queue <= capacity
+        held = watch.health.copy()
+        assert held["received"]["progress"] == 1 + sum(offered)  # type: ignore[index]
+        assert held["dropped"]["progress"] == sum(offered) - capacity  # type: ignore[index]
+
+        holder.release.set()
+        assert watch.flush(timeout=600)
+        health = watch.health.copy()
+        dropped_metric = watch.registry.get_sample_value("wmwatch_events_dropped_total", {"kind": "progress"})
+    processed = health["processed"]["progress"]  # type: ignore[index]
+    dropped = health["dropped"]["progress"]  # type: ignore[index]
+    assert processed == 1 + capacity
+    assert processed + dropped == health["received"]["progress"]  # type: ignore[index]
+    assert dropped_metric == dropped
+    assert health["errors"] == {}
+    recorded = _db_rows(db, "SELECT count(*), count(DISTINCT (query_id, batch_id)) FROM batches")
+    assert recorded == [(processed, processed)]
 
 
 @pytest.mark.slow
@@ -322,8 +375,8 @@ def test_python_memory_is_flat_after_warm_up(tmp_path: Path) -> None:
                 for q in queries:
                     watch._events.offer("progress", progress_event_json(q, b, name=q))
                 if b % 50 == 0:
-                    assert watch.flush(timeout=30)
-            assert watch.flush(timeout=30)
+                    assert watch.flush(timeout=300)
+            assert watch.flush(timeout=300)
             _scrape(str(watch.metrics_url))  # scrapes are part of the steady state
 
         feed(0, 300)  # warm-up: 6,000 events
@@ -348,30 +401,30 @@ def test_python_memory_is_flat_after_warm_up(tmp_path: Path) -> None:
 
 
 def _feed_history(watch: Any, batches_per_query: int, queries: list[str], first_at: datetime,
-                  step: timedelta) -> None:
+                  step: timedelta, *, retention_each_flush: bool = False) -> None:
     for b in range(batches_per_query):
         for q in queries:
             watch._events.offer("progress", progress_event_json(q, b, name=q, at=first_at + b * step))
         if b % 250 == 249:
-            assert watch.flush(timeout=60)
-    assert watch.flush(timeout=60)
+            assert watch.flush(timeout=300)
+            if retention_each_flush:
+                # as if the job ran for the 30 days: a retention pass in the writer's next cycle,
+                # after every 1,000 batches however fast they came
+                watch.store._next_retention_at = 0.0
+    assert watch.flush(timeout=300)
 
 
-def _time_report(db: Path, *args: str) -> tuple[float, str]:
-    runner = CliRunner()
-    best = float("inf")
-    output = ""
-    for _ in range(3):
-        begin = time.perf_counter()
-        result = runner.invoke(app, ["report", "--db", str(db), *args])
-        best = min(best, time.perf_counter() - begin)
-        assert result.exit_code == 0, result.output
-        output = result.output
-    return best, output
+def _report(db: Path, *args: str) -> tuple[float, str]:
+    """Run ``wmwatch report`` through the real CLI; its time is printed, never asserted."""
+    begin = time.perf_counter()
+    result = CliRunner().invoke(app, ["report", "--db", str(db), *args])
+    seconds = time.perf_counter() - begin
+    assert result.exit_code == 0, result.output
+    return seconds, result.output
 
 
 @pytest.mark.slow
-def test_ten_thousand_batches_stay_compact_and_report_stays_fast(tmp_path: Path) -> None:
+def test_ten_thousand_batches_stay_compact_and_report_covers_them_all(tmp_path: Path) -> None:
     queries = [f"long_{i}" for i in range(4)]
     per_query = 3000  # 12,000 batches
     now = datetime.now(UTC)
@@ -386,32 +439,33 @@ def test_ten_thousand_batches_stay_compact_and_report_stays_fast(tmp_path: Path)
     total = per_query * len(queries)
     assert _db_rows(full, "SELECT count(*), count(DISTINCT (query_id, batch_id)) FROM batches") == [(total, total)]
     full_bytes = full.stat().st_size
-    report_seconds, text = _time_report(full, "--format", "json")
-    summaries = json.loads(text)
-    assert summaries  # a report, not an empty document
-    table_seconds, _ = _time_report(full)
+    report_seconds, text = _report(full, "--format", "json")
+    summaries = {q["query"]: q for q in json.loads(text)["queries"]}
+    assert sorted(summaries) == queries
+    for name in queries:
+        assert summaries[name]["batches"] == per_query
+        assert summaries[name]["last_batch_id"] == per_query - 1
+    table_seconds, table = _report(full)
+    assert all(name in table for name in queries)
 
     # The same feed with retention_days=3: only the last 3 days stay, and the file stays small.
     kept = tmp_path / "kept.duckdb"
     with wmwatch.attach(NoQueriesSession(), db=str(kept), metrics_port=None, listener="stock",
                         retention_days=3) as watch:
-        watch.store.retention_interval_seconds = 0.2  # as if the job ran for the 30 days
-        _feed_history(watch, per_query, queries, first_at, step)
-        time.sleep(0.5)
-        assert watch.flush(timeout=30)
-        watch.store._next_retention_at = 0.0  # one last pass before closing
-        watch.store.flush_interval_seconds = 0.05
-        time.sleep(0.5)
-    oldest_kept = _db_rows(kept, "SELECT min(batch_at), count(*) FROM batches")[0]
+        _feed_history(watch, per_query, queries, first_at, step, retention_each_flush=True)
+        # one last pass: a read runs after the writes and the retention of the writer's next cycle
+        watch.store._next_retention_at = 0.0
+        oldest_kept = watch.store.read(
+            lambda con: con.execute("SELECT min(batch_at), count(*) FROM batches").fetchone(), timeout=300
+        )
     kept_bytes = kept.stat().st_size
     print(
         f"\n[long run] {total} batches through Watch+HistoryStore in {feed_seconds:.1f} s "
         f"({total / feed_seconds:.0f} batches/s); db {full_bytes / 1e6:.1f} MB = "
-        f"{full_bytes / total * 1000 / 1e3:.0f} kB per 1,000 batches; wmwatch report (in-process, best "
-        f"of 3) json {report_seconds * 1000:.0f} ms, table {table_seconds * 1000:.0f} ms; with "
+        f"{full_bytes / total * 1000 / 1e3:.0f} kB per 1,000 batches; wmwatch report (in-process) "
+        f"json {report_seconds * 1000:.0f} ms, table {table_seconds * 1000:.0f} ms; with "
         f"retention_days=3: {oldest_kept[1]} batches kept, file {kept_bytes / 1e6:.1f} MB"
     )
-    assert report_seconds < 1.0 and table_seconds < 1.0
     assert oldest_kept[0] >= now - timedelta(days=3, minutes=5)
     assert oldest_kept[1] <= total * 3 / 30 + len(queries) * 2
     assert kept_bytes < full_bytes / 2

@@ -1,8 +1,8 @@
-"""The plan plugin's hooks without a plan: behaviour-only join check, cost of a hook, metrics."""
+"""The plan plugin's hooks without a plan: behaviour-only join check, hooks that never wait, metrics."""
 
 from __future__ import annotations
 
-import time
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -85,15 +85,47 @@ def test_bounded_numbers_without_a_plan_are_not_flagged() -> None:
         plugin.close()
 
 
-def test_progress_hook_is_cheap() -> None:
-    plugin = PlanPlugin(NoQueries())
+class StuckQueries:
+    """A watch whose ``get_query`` (the first step of every plan read) hangs until released."""
+
+    store = None
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.callers: list[str] = []
+
+    def get_query(self, query_id: str) -> Any:
+        self.callers.append(threading.current_thread().name)
+        self.entered.set()
+        self.release.wait(timeout=120)
+        return None
+
+
+def test_progress_hook_never_waits_for_a_plan_read() -> None:
+    """Plan reads go through py4j and can stall: the worker's hook must return regardless, and
+    the reads for a busy query coalesce (the newest progress wins) instead of queuing up."""
+    watch = StuckQueries()
+    plugin = PlanPlugin(watch, min_read_interval_seconds=0.0)
     try:
-        snapshots = [join_progress(batch, total=6 * (batch + 1), removed=0) for batch in range(200)]
-        started = time.perf_counter()
-        for snap in snapshots:
-            plugin.on_progress(snap)
-        per_call_seconds = (time.perf_counter() - started) / len(snapshots)
-        # the worker thread's budget is a few milliseconds per event for everything
-        assert per_call_seconds < 0.002, per_call_seconds
+        plugin.on_progress(join_progress(0, total=6, removed=0))
+        assert watch.entered.wait(timeout=60)  # the inspector thread is now stuck in a read
+
+        def worker_hooks() -> None:
+            for batch in range(1, 200):
+                plugin.on_progress(join_progress(batch, total=6 * (batch + 1), removed=0))
+
+        hooks = threading.Thread(target=worker_hooks)
+        hooks.start()
+        hooks.join(timeout=60)
+        assert not hooks.is_alive()  # 199 hooks returned while the read was still stuck
+        assert watch.callers == ["wmwatch-plan"]
+        # the hooks kept judging from progress alone meanwhile
+        assert [f.kind for f in plugin.findings.all()] == ["join_state_unbounded"]
+        watch.release.set()
+        assert plugin.wait_idle(timeout=60)
+        # one read for the stuck request, one for the newest of the 199 behind it
+        assert watch.callers == ["wmwatch-plan", "wmwatch-plan"]
     finally:
+        watch.release.set()
         plugin.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wmwatch import ProgressParseError, parse_progress
-from wmwatch._progress import EPOCH, parse_timestamp
+from wmwatch._progress import EPOCH, _redacted, parse_progress_event, parse_timestamp
+from wmwatch._redact import _SECRET_PAIR, redact
 
 FIXTURE = Path(__file__).parent / "fixtures" / "progress_window.json"
 
@@ -147,3 +149,121 @@ def test_fuzzed_documents_parse_or_fail_cleanly(
         for value in (snap.watermark_lag_seconds, snap.event_time_spread_seconds, snap.event_time_delay_seconds):
             assert value is None or math.isfinite(value)
         assert len(snap.label) <= 200
+
+
+# ----------------------------------------------------------------------------- listener events
+
+
+def _decoded_then_parsed(event: str) -> Any:
+    """The reference: decode the whole event, take the nested mapping, parse that."""
+    try:
+        doc = json.loads(event)
+    except (ValueError, RecursionError):
+        return ProgressParseError
+    if isinstance(doc, dict) and isinstance(doc.get("progress"), dict):
+        doc = doc["progress"]
+    try:
+        return parse_progress(doc)
+    except ProgressParseError:
+        return ProgressParseError
+
+
+def _fields(snap: Any) -> Any:
+    """A snapshot's parsed fields, NaN-safe (the raw text is compared on its own)."""
+    if snap is ProgressParseError:
+        return snap
+    return repr([getattr(snap, name) for name in snap.__slots__ if name != "raw_json"])
+
+
+def test_a_listener_event_keeps_the_progress_text_as_spark_wrote_it() -> None:
+    progress_text = json.dumps(json.loads(FIXTURE.read_text()), separators=(",", ":"))
+    event = '{"progress":' + progress_text + "}"  # QueryProgressEvent.json()
+    snap = parse_progress_event(event)
+    assert _fields(snap) == _fields(parse_progress(progress_text))
+    # the stored raw progress is the nested document itself, with the credential masked
+    assert snap.raw_json == progress_text.replace("AKIAEXAMPLE:wJalrSECRET@", "***@")
+    assert json.loads(snap.raw_json)["batchId"] == 7
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        '{"progress" : {"id": "q", "runId": "r", "batchId": 3} }\n',
+        '{"progress":{"id":"q","runId":"r","batchId":3},"extra":1}',  # more keys: decoded whole
+        '{"progress":{"id":"q","runId":"r","batchId":3},"progress":{"id":"q","runId":"r","batchId":4}}',
+        '{"progress":[{"id":"q","runId":"r","batchId":3}]}',
+        '{"progress":{"id":"q","runId":"r","batchId":3}',
+        '{"progress":{"id":"q","runId":"r","batchId":3}}\x0c',
+        '{"progress":{"id":"q","runId":"r","batchId":NaN}}',
+        '{"progress":{"id":"q","runId":"r","batchId":3,"name":"\\ud800"}}',
+        '{"progress":{"id":"q","runId":"r","batchId":1180591620717411303424}}',
+        '{"progress":}',
+        '{"progress"',
+        '{"progressive":{"id":"q","runId":"r","batchId":3}}',
+        '{"id":"q","runId":"r","batchId":3}',
+    ],
+)
+def test_unusual_listener_events_parse_as_if_decoded_whole(event: str) -> None:
+    try:
+        snap: Any = parse_progress_event(event)
+    except ProgressParseError:
+        snap = ProgressParseError
+    assert _fields(snap) == _fields(_decoded_then_parsed(event))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    doc=st.dictionaries(
+        st.sampled_from(["id", "runId", "batchId", "name", "eventTime", "sources", "sink", "x"]),
+        json_values,
+    ),
+    spacing=st.sampled_from([(",", ":"), (", ", ": ")]),
+    cut=st.sampled_from([None, None, 0.5, 0.9]),
+)
+def test_fuzzed_listener_events_parse_as_if_decoded_whole(
+    doc: dict[str, Any], spacing: tuple[str, str], cut: float | None
+) -> None:
+    doc.setdefault("id", "q")
+    doc.setdefault("runId", "r")
+    doc.setdefault("batchId", 1)
+    event = json.dumps({"progress": doc}, separators=spacing, allow_nan=True)
+    if cut is not None:
+        event = event[: int(len(event) * cut)]
+    try:
+        snap: Any = parse_progress_event(event)
+    except ProgressParseError:
+        snap = ProgressParseError
+    assert _fields(snap) == _fields(_decoded_then_parsed(event))
+
+
+# ----------------------------------------------------------------------------- redaction
+
+
+def _secret_keys() -> list[str]:
+    """Every key the redactor masks, read off its pattern (so a new key is tested here too)."""
+    key_group = re.search(r"\(\?P<key>\(\?:(.*?)\)s\?\)", _SECRET_PAIR.pattern, re.S)
+    assert key_group is not None
+    return [alt.replace("[_.\\-]?", "") for alt in key_group.group(1).replace("\n", "").split("|")]
+
+
+@pytest.mark.parametrize("key", _secret_keys())
+def test_every_secret_key_is_masked_in_parsed_progress(key: str) -> None:
+    for spelled in (key, key.upper(), key.replace("s", "ſ"), key.replace("k", "\u212a")):
+        doc = minimal(sources=[{"description": f"Kafka[{spelled}=hunter2]"}])
+        snap = parse_progress(json.dumps(doc))
+        assert "hunter2" not in snap.sources[0].description, spelled
+        if spelled.isascii():  # in the raw JSON text other letters are \u escapes
+            assert "hunter2" not in snap.raw_json, spelled
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.lists(
+        st.sampled_from([*_secret_keys(), "=", ": ", "@", "://", "s3a://u:p@h/", "ſ", "\u212a", "İ", "ı",
+                         "PassWord", "x", " ", '"', ","])
+        | st.text(max_size=6),
+        max_size=12,
+    ).map("".join)
+)
+def test_the_fast_redaction_path_agrees_with_the_redactor(text: str) -> None:
+    assert _redacted(text) == redact(text)

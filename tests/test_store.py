@@ -319,10 +319,10 @@ def test_locked_at_open_by_another_process_is_a_clear_error(tmp_path: Path) -> N
     HistoryStore(path).close()
     child = hold_lock(path)
     try:
-        started = time.monotonic()
+        # the lock is held for the whole attempt: the open gives up on its own and says who holds it
         with pytest.raises(StoreError, match=rf"locked by another process \(PID {child.pid}"):
             HistoryStore(path, open_timeout_seconds=0.3)
-        assert time.monotonic() - started < 5
+        assert child.poll() is None
     finally:
         release(child)
 

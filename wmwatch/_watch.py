@@ -10,7 +10,6 @@ a monitoring mistake never takes the watched job down.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -35,7 +34,7 @@ from wmwatch._listener import (
     spark_streams_events_dropped,
 )
 from wmwatch._plugins import WatchPlugin
-from wmwatch._progress import ProgressSnapshot, parse_progress
+from wmwatch._progress import ProgressSnapshot, parse_progress_event
 from wmwatch._sessions import SessionRegistry, differing_options
 from wmwatch._state import QueryBook, QueryState
 
@@ -374,10 +373,7 @@ class Watch:
 
     def _handle(self, event: RawEvent) -> None:
         if event.kind == "progress":
-            payload = event.payload
-            if isinstance(payload, str) and payload.startswith('{"progress"'):
-                payload = _unwrap_progress(payload)
-            snapshot = parse_progress(payload)
+            snapshot = parse_progress_event(event.payload)
             late_watermark = self.book.on_progress(snapshot)
             if self.store is not None:
                 self.store.record_progress(snapshot, late_watermark)
@@ -412,17 +408,6 @@ class Watch:
             except Exception:  # noqa: BLE001
                 self.health.error(f"plugin:{plugin.name}")
                 log.exception("wmwatch: plugin %s failed in %s", plugin.name, hook)
-
-
-def _unwrap_progress(text: str) -> Any:
-    """``QueryProgressEvent.json()`` nests the progress under "progress"."""
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return text  # let the parser report it
-    if isinstance(doc, dict) and isinstance(doc.get("progress"), dict):
-        return doc["progress"]
-    return doc
 
 
 def attach(
