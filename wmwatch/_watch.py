@@ -270,6 +270,7 @@ class Watch:
             return
         self._closed = True
         try:
+            self._await_terminations(min(timeout, 5.0))
             self._registration.remove()
             self.flush(timeout=timeout)
             self._stop.set()
@@ -321,6 +322,39 @@ class Watch:
         self.health.spark_listener_bus_readable = True
         if dropped > 0:
             self._reconcile_with_active_queries()
+
+    def _await_terminations(self, timeout: float) -> None:
+        """Let the termination of queries that just stopped reach the history before closing.
+
+        Spark posts a termination to its listener bus after ``stop()`` or ``awaitTermination()``
+        return, so a job that closes right after its last query (a backfill) could otherwise
+        record that query as still running. Waits at most ``timeout``; a termination that has
+        not arrived by then is recorded as lost (without its exception) on the worker thread.
+        """
+        try:
+            active = {str(query.id) for query in self.spark.streams.active}
+        except Exception:  # noqa: BLE001 - the session may already be stopped
+            return
+        deadline = time.monotonic() + timeout
+
+        def stopped() -> list[QueryState]:
+            return [
+                state
+                for state in self.book.snapshot()
+                if state.status == "active" and state.query_id not in active
+            ]
+
+        while stopped() and time.monotonic() < deadline and self._worker.is_alive():
+            time.sleep(0.02)
+        for state in stopped():
+            log.warning(
+                "wmwatch: query %s stopped but its termination event did not arrive before "
+                "close(); recording it as stopped",
+                state.label,
+            )
+            self._events.offer(
+                "terminated", {"id": state.query_id, "runId": state.run_id, "exception": None}
+            )
 
     def _reconcile_with_active_queries(self) -> None:
         """Once Spark has dropped events, a lost termination would leave a query "up" forever:
