@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -299,7 +300,8 @@ class HistoryStore:
             self._submitted_seq = seq
             self._pending.append(_Pending(seq, description, write, progress))
             self._enforce_bound_locked()
-            if len(self._pending) >= self.flush_writes:
+            # the first write after an idle spell wakes the writer, which sleeps while idle
+            if len(self._pending) >= self.flush_writes or len(self._pending) == 1:
                 self._cond.notify_all()
 
     def record_query_started(self, event: QueryStarted) -> None:
@@ -552,10 +554,12 @@ class HistoryStore:
                     not_before = max(self._next_attempt_at, self._reader_gap_until)
                     if urgent or ((due or retention_due) and now >= not_before):
                         break
-                    wake_at = max(self._next_flush_at, not_before)
+                    # Nothing pending: sleep until a write, a flush or a read comes in. Waking
+                    # for an overdue flush with nothing to write spun at the 1 ms floor below.
+                    wake_at = max(self._next_flush_at, not_before) if self._pending else math.inf
                     if self.retention_days is not None:
                         wake_at = min(wake_at, max(self._next_retention_at, not_before))
-                    self._cond.wait(max(0.001, wake_at - now))
+                    self._cond.wait(max(0.001, wake_at - now) if wake_at < math.inf else None)
                 stopping = self._stopping
                 self._flush_requested = False
                 reads = list(self._reads)
