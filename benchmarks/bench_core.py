@@ -292,6 +292,8 @@ def bench_freshness(spark: Any, work: Path, seconds: float) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="throughput rounds, two runs each (default 8; 2 with --quick)")
     args = parser.parse_args()
     print_machine()
     work = Path(tempfile.mkdtemp(prefix="wmwatch-bench-"))
@@ -301,7 +303,7 @@ def main() -> None:
         print(f"1. per progress event: stock listener (no-op) {cost['stock_ms']:.2f} ms, "
               f"wmwatch callback {cost['wmwatch_callback_ms']:.2f} ms + worker {cost['wmwatch_worker_ms']:.2f} ms "
               f"-> wmwatch {cost['ratio']:.1f}x cheaper")
-        tp = bench_throughput(spark, work, files=40 if args.quick else 80, rounds=2 if args.quick else 8)
+        tp = bench_throughput(spark, work, files=40 if args.quick else 80, rounds=args.rounds or (2 if args.quick else 8))
         print(f"2. throughput ({tp['runs']} runs alternated): without {tp['rows_per_s_without']:.0f} rows/s, "
               f"with wmwatch {tp['rows_per_s_with']:.0f} rows/s -> ratio {tp['ratio']:.3f}")
         print(f"   plan checks during those runs: {tp['plan_inspections']:.0f} plan walks, median "
