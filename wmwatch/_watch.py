@@ -44,7 +44,7 @@ DEFAULT_METRICS_ADDR = "127.0.0.1"
 SPARK_BUS_POLL_SECONDS = 5.0
 # The history writer's timed flushes may use this share of one core: the watched job runs on
 # the same cores, and a flush's fixed cost grows with a slower machine.
-HISTORY_WRITER_CPU_SHARE = 0.01
+HISTORY_WRITER_CPU_SHARE = 0.005
 
 
 class Watch:
@@ -437,8 +437,9 @@ def attach(
     ``strict``: raise on setup problems (port in use, unusable db) instead of logging them and
     running without that part. ``forget_after_seconds``: how long a stopped query's series stay.
     ``db_flush_seconds``: how often history is written (the file is opened only then, so
-    ``wmwatch report`` can read it in between); where a flush costs more than 1% of one core
-    over that interval (a slow or busy machine), flushes are spaced out to keep to that share. ``retention_days``: delete older history.
+    ``wmwatch report`` can read it in between); where a flush costs more than 0.5% of one core
+    over that interval (a slow or busy machine), flushes are spaced out to keep to that share.
+    ``retention_days``: delete older history.
     ``pushgateway``: ``host:port`` to push to, for jobs that end before a scrape.
     """
     return Watch(
