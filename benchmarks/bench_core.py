@@ -6,6 +6,12 @@
 3. Freshness: from a batch's end (progress timestamp + batchDuration) to its batch id on /metrics,
    while the query runs several batches per second.
 
+Where the time went: during the throughput runs every thread's CPU seconds are read from /proc,
+this process's (wmwatch's worker, history writer, plan plugin, metrics server, py4j callbacks)
+and the driver JVM's (the listener bus queue wmwatch's callback runs on, py4j gateway threads,
+the query's own threads), and printed per run with and without wmwatch. On a shared machine
+these move far less than wall-clock time; a regression shows up as a thread that grew.
+
 Run: python benchmarks/bench_core.py [--quick]
 """
 
@@ -27,6 +33,7 @@ from typing import Any
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cpu import CpuSnapshot, CpuUse, jvm_thread_names, mean_use  # noqa: E402
 from _machine import print_machine  # noqa: E402
 
 import wmwatch  # noqa: E402
@@ -142,7 +149,14 @@ def bench_event_cost(spark: Any, work: Path, events: int) -> dict[str, float]:
     }
 
 
-def bench_throughput(spark: Any, work: Path, files: int, rounds: int) -> dict[str, float]:
+def jvm_pid(spark: Any) -> int | None:
+    try:
+        return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    except Exception:  # noqa: BLE001 - only the CPU breakdown needs it
+        return None
+
+
+def bench_throughput(spark: Any, work: Path, files: int, rounds: int) -> dict[str, Any]:
     """Same input, same query, alternated with/without wmwatch (ABBA) after a warm-up pair."""
     folder = work / "tp-in"
     folder.mkdir()
@@ -150,15 +164,23 @@ def bench_throughput(spark: Any, work: Path, files: int, rounds: int) -> dict[st
     write_files(folder, files, rows_per_file)
     timings: dict[str, list[float]] = {"without": [], "with": []}
     plan_costs: dict[str, list[float]] = {}
+    cpu: dict[str, list[CpuUse]] = {"without": [], "with": []}
+    pid = jvm_pid(spark)
+    names = jvm_thread_names(pid) if pid is not None else {}
     order = [m for r in range(rounds) for m in (("without", "with") if r % 2 == 0 else ("with", "without"))]
     for index, mode in enumerate(["without", "with", *order]):
         watch = None
         if mode == "with":
             watch = wmwatch.attach(spark, db=str(work / f"tp-{index}.duckdb"), metrics_port=None)
+        before = CpuSnapshot.take(pid)
         t0 = time.perf_counter()
         query = windowed(spark, folder, work / f"tp-ck-{index}", max_files=2, trigger={"availableNow": True})
         query.awaitTermination()
         elapsed = time.perf_counter() - t0
+        after = CpuSnapshot.take(pid)  # before close: wmwatch's threads are still alive
+        if pid is not None:
+            # full JVM thread names (outside the timed run: a thread dump stops the JVM briefly)
+            names.update(jvm_thread_names(pid))
         if watch is not None:
             for plugin in watch.plugins():
                 for kind, samples in getattr(plugin, "costs", {}).items():
@@ -166,6 +188,7 @@ def bench_throughput(spark: Any, work: Path, files: int, rounds: int) -> dict[st
             watch.close()
         if index >= 2:  # the first pair warms the JVM, codegen and the file listing
             timings[mode].append(elapsed)
+            cpu[mode].append(CpuUse.between(before, after, names))
     without = statistics.median(timings["without"])
     with_ = statistics.median(timings["with"])
     rows = files * rows_per_file
@@ -178,7 +201,33 @@ def bench_throughput(spark: Any, work: Path, files: int, rounds: int) -> dict[st
         "plan_inspections": len(plan_costs.get("inspect_seconds", [])),
         "plan_read_ms": statistics.median(plan_costs.get("read_seconds") or [0.0]) * 1000,
         "plan_reads": len(plan_costs.get("read_seconds", [])),
+        "seconds_with": with_,
+        "cpu_with": mean_use(cpu["with"]),
+        "cpu_without": mean_use(cpu["without"]),
     }
+
+
+def print_cpu(tp: dict[str, Any]) -> None:
+    """Where the CPU went in a run, with wmwatch and without (means over the alternated runs)."""
+    with_: CpuUse = tp["cpu_with"]
+    without: CpuUse = tp["cpu_without"]
+    if not with_.python:
+        print("   CPU per thread: unavailable (no /proc)")
+        return
+    extra = with_.python_total - without.python_total
+    print(f"   CPU seconds per run, with wmwatch (without): python process {with_.python_total:.3f} "
+          f"({without.python_total:.3f}), driver JVM {with_.jvm_total:.2f} ({without.jvm_total:.2f})")
+    print(f"   wmwatch in python: {extra:.3f} CPU s per run = {extra / tp['seconds_with']:.1%} of one core "
+          f"over the run's {tp['seconds_with']:.1f} s")
+
+    def rows(side: str, a: dict[str, float], b: dict[str, float], pick: Any) -> None:
+        for group in sorted(set(a) | set(b), key=lambda g: -a.get(g, 0.0)):
+            if pick(group) and max(a.get(group, 0.0), b.get(group, 0.0)) >= 0.001:
+                print(f"     {side:<6} {group:<40} {a.get(group, 0.0):7.3f} ({b.get(group, 0.0):.3f})")
+
+    rows("python", with_.python, without.python, lambda g: True)
+    # the JVM threads wmwatch drives; the rest (tasks, JIT, GC) is the query's and in the totals
+    rows("jvm", with_.jvm, without.jvm, lambda g: g.startswith(("listener bus", "py4j", "query:")))
 
 
 def bench_freshness(spark: Any, work: Path, seconds: float) -> dict[str, float]:
@@ -241,10 +290,12 @@ def bench_freshness(spark: Any, work: Path, seconds: float) -> dict[str, float]:
 
 
 def main() -> None:
-    print_machine()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="throughput rounds, two runs each (default 8; 2 with --quick)")
     args = parser.parse_args()
+    print_machine()
     work = Path(tempfile.mkdtemp(prefix="wmwatch-bench-"))
     spark = session()
     try:
@@ -252,11 +303,12 @@ def main() -> None:
         print(f"1. per progress event: stock listener (no-op) {cost['stock_ms']:.2f} ms, "
               f"wmwatch callback {cost['wmwatch_callback_ms']:.2f} ms + worker {cost['wmwatch_worker_ms']:.2f} ms "
               f"-> wmwatch {cost['ratio']:.1f}x cheaper")
-        tp = bench_throughput(spark, work, files=40 if args.quick else 80, rounds=2 if args.quick else 8)
+        tp = bench_throughput(spark, work, files=40 if args.quick else 80, rounds=args.rounds or (2 if args.quick else 8))
         print(f"2. throughput ({tp['runs']} runs alternated): without {tp['rows_per_s_without']:.0f} rows/s, "
               f"with wmwatch {tp['rows_per_s_with']:.0f} rows/s -> ratio {tp['ratio']:.3f}")
         print(f"   plan checks during those runs: {tp['plan_inspections']:.0f} plan walks, median "
               f"{tp['plan_inspect_ms']:.1f} ms; {tp['plan_reads']:.0f} watermark reads, median {tp['plan_read_ms']:.1f} ms")
+        print_cpu(tp)
         fr = bench_freshness(spark, work, seconds=10 if args.quick else 30)
         print(f"3. freshness over {fr['batches']} batches ({fr['batches_per_second']:.1f} batches/s): "
               f"p50 {fr['p50_s']*1000:.0f} ms, p99 {fr['p99_s']*1000:.0f} ms, max {fr['max_s']*1000:.0f} ms")

@@ -314,6 +314,39 @@ def test_reopen_keeps_history_and_reports_it(tmp_path: Path) -> None:
     assert rows(path, "SELECT count(*) FROM wmwatch_schema") == [(LATEST_VERSION,)]
 
 
+def test_file_is_free_for_another_writer_between_flushes(tmp_path: Path) -> None:
+    path = tmp_path / "history.duckdb"
+    with HistoryStore(path, flush_interval_seconds=60).start() as history:
+        history.record_progress(progress(0))
+        assert history.flush()
+        # the writer keeps its DuckDB instance between flushes, but not the file
+        child = hold_lock(path)
+        release(child)
+        history.record_progress(progress(1))
+        assert history.flush()
+        assert history.health.up
+    assert rows(path, "SELECT list(batch_id ORDER BY batch_id) FROM batches") == [([0, 1],)]
+
+
+def test_paced_writer_defers_timed_flushes_never_explicit_ones(tmp_path: Path) -> None:
+    path = tmp_path / "history.duckdb"
+    # a share so small that any flush defers the next timed one to the 30 s cap
+    with HistoryStore(path, flush_interval_seconds=0.02, max_cpu_share=1e-9).start() as history:
+        history.record_progress(progress(0))
+        assert history.flush()
+        history.record_progress(progress(1))
+        time.sleep(0.5)  # 25 flush intervals: an unpaced writer has written batch 1 by now
+        assert rows(path, "SELECT list(batch_id) FROM batches") == [([0],)]
+        assert history.health.pending_writes == 1
+        assert history.flush()
+        assert rows(path, "SELECT list(batch_id ORDER BY batch_id) FROM batches") == [([0, 1],)]
+
+
+def test_cpu_share_out_of_range_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="max_cpu_share"):
+        HistoryStore(tmp_path / "history.duckdb", max_cpu_share=0)
+
+
 def test_locked_at_open_by_another_process_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "history.duckdb"
     HistoryStore(path).close()

@@ -600,7 +600,8 @@ class PlanPlugin(WatchPlugin):
                     ready = [qid for qid, wait in waits.items() if wait <= 0]
                     if ready:
                         break
-                    self._cond.wait(min(waits.values(), default=0.5))
+                    # nothing queued: sleep until a progress (or close) notifies, no polling
+                    self._cond.wait(min(waits.values(), default=None))
                 query_id = ready[0]
                 snapshot = self._requests.pop(query_id)
                 self._last_read[query_id] = now

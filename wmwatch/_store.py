@@ -27,6 +27,7 @@ import fcntl
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -73,6 +74,8 @@ _LOCK_POLL_SECONDS = 0.005
 # Least time the writer leaves the file closed between flushes, so readers always get a turn.
 _READER_GAP_SECONDS = 0.05
 _FILE_MODE = 0o600
+# Longest a paced writer waits between timed flushes, however slow a flush is.
+_MAX_PACED_INTERVAL_SECONDS = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +130,77 @@ class _Unavailable(Exception):
     """The database file cannot be opened or committed to right now (retry later)."""
 
 
+_ATTACHED_AS = "wmwatch_history"
+
+
+class _WriterEngine:
+    """The writer thread's DuckDB instance, in memory, with the history file attached per flush.
+
+    Starting a DuckDB instance (function catalog, settings, thread pool) costs the CPU of a
+    whole small flush, and a job paid it every ``flush_interval_seconds`` whether it wrote one
+    batch or a hundred. Attaching the file to a live instance costs a fraction of that, and
+    DETACH, like closing a connection, checkpoints and releases the file lock: readers get the
+    file between flushes exactly as before. One thread: a flush is a handful of small
+    statements, and a pool would compete with Spark's tasks for every core.
+    """
+
+    def __init__(self) -> None:
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    def attach(self, path: Path, *, deadline: float) -> duckdb.DuckDBPyConnection:
+        """The engine with ``path`` attached and in use; retries lock conflicts until ``deadline``."""
+        import duckdb
+
+        if self._con is None:
+            try:
+                con = duckdb.connect(":memory:", config={"threads": 1})
+                con.execute("SET TimeZone = 'UTC'")
+            except (duckdb.Error, OSError) as exc:
+                raise StoreError(f"cannot start DuckDB: {_first_line(exc)}") from None
+            self._con = con
+        con = self._con
+        quoted = str(path).replace("'", "''")
+        while True:
+            try:
+                con.execute(f"ATTACH '{quoted}' AS {_ATTACHED_AS}")
+                con.execute(f"USE {_ATTACHED_AS}")
+                return con
+            except (duckdb.Error, OSError) as exc:
+                self.detach()
+                if _is_lock_conflict(exc) and time.monotonic() < deadline:
+                    time.sleep(_LOCK_POLL_SECONDS)
+                    continue
+                raise StoreError(_describe_open_error(path, exc)) from None
+
+    def detach(self) -> None:
+        """Release the file (checkpoint, lock); the instance stays for the next flush."""
+        con = self._con
+        if con is None:
+            return
+        try:
+            con.execute("USE memory")
+            con.execute(f"DETACH DATABASE IF EXISTS {_ATTACHED_AS}")
+        except Exception:  # noqa: BLE001 - the lock must not outlive the flush: drop the instance
+            _log.debug("detaching the history file failed; closing the DuckDB instance", exc_info=True)
+            self.close()
+
+    def close(self) -> None:
+        con, self._con = self._con, None
+        if con is not None:
+            with contextlib.suppress(Exception):
+                con.close()
+
+
 class HistoryStore:
     """Durable per-batch history in a DuckDB file, written by one background thread.
 
     The constructor validates ``path`` and creates or migrates the file synchronously, raising
     :class:`StoreError` with a one-line message when it cannot. :meth:`start` then runs the
     writer thread. ``retention_days`` (optional) deletes history older than that many days.
+    ``max_cpu_share`` (optional): the share of one core the writer may spend on timed flushes;
+    a flush that cost more than that share of ``flush_interval_seconds`` pushes the next timed
+    flush back in proportion (at most 30 s). Explicit flushes, reads, a backlog of
+    ``flush_writes`` and closing are never held back.
     """
 
     def __init__(
@@ -146,11 +214,14 @@ class HistoryStore:
         retention_interval_seconds: float = 600.0,
         lock_wait_seconds: float = 2.0,
         open_timeout_seconds: float = 10.0,
+        max_cpu_share: float | None = None,
     ) -> None:
         if flush_interval_seconds <= 0:
             raise StoreError("flush_interval_seconds must be positive")
         if max_pending < 1:
             raise StoreError("max_pending must be at least 1")
+        if max_cpu_share is not None and not 0 < max_cpu_share <= 1:
+            raise StoreError("max_cpu_share must be in (0, 1], or None for a fixed interval")
         if retention_days is not None and retention_days <= 0:
             raise StoreError("retention_days must be positive, or None to keep all history")
         self.path = Path(path).expanduser().absolute()
@@ -160,6 +231,7 @@ class HistoryStore:
         self.retention_days = retention_days
         self.retention_interval_seconds = retention_interval_seconds
         self.lock_wait_seconds = lock_wait_seconds
+        self.max_cpu_share = max_cpu_share
 
         self._cond = threading.Condition()
         self._pending: deque[_Pending] = deque()
@@ -188,6 +260,7 @@ class HistoryStore:
         self._dropping_logged = False
 
         self._verified_file: tuple[int, int] | None = None
+        self._engine = _WriterEngine()
         self.recovered_after_crash = False
         self.history_at_open: tuple[QueryHistory, ...] = ()
         self._writer_lock = _WriterLock(self.path)
@@ -245,7 +318,8 @@ class HistoryStore:
             self._submitted_seq = seq
             self._pending.append(_Pending(seq, description, write, progress))
             self._enforce_bound_locked()
-            if len(self._pending) >= self.flush_writes:
+            # the first write after an idle spell wakes the writer, which sleeps while idle
+            if len(self._pending) >= self.flush_writes or len(self._pending) == 1:
                 self._cond.notify_all()
 
     def record_query_started(self, event: QueryStarted) -> None:
@@ -443,7 +517,7 @@ class HistoryStore:
             )
         deadline = time.monotonic() + self.lock_wait_seconds
         try:
-            con = _connect(self.path, read_only=False, deadline=deadline)
+            con = self._engine.attach(self.path, deadline=deadline)
         except StoreError as exc:
             raise _Unavailable(str(exc)) from None
         _private_wal(self.path)
@@ -455,7 +529,7 @@ class HistoryStore:
                 migrate(con, self.path)
                 self._verified_file = identity
         except Exception as exc:
-            con.close()
+            self._engine.detach()
             raise _Unavailable(
                 str(exc) if isinstance(exc, StoreError) else _first_line(exc)
             ) from None
@@ -501,25 +575,42 @@ class HistoryStore:
                     not_before = max(self._next_attempt_at, self._reader_gap_until)
                     if urgent or ((due or retention_due) and now >= not_before):
                         break
-                    wake_at = max(self._next_flush_at, not_before)
+                    # Nothing pending: sleep until a write, a flush or a read comes in. Waking
+                    # for an overdue flush with nothing to write spun at the 1 ms floor below.
+                    wake_at = max(self._next_flush_at, not_before) if self._pending else math.inf
                     if self.retention_days is not None:
                         wake_at = min(wake_at, max(self._next_retention_at, not_before))
-                    self._cond.wait(max(0.001, wake_at - now))
+                    self._cond.wait(max(0.001, wake_at - now) if wake_at < math.inf else None)
                 stopping = self._stopping
                 self._flush_requested = False
                 reads = list(self._reads)
                 self._reads.clear()
                 self._next_flush_at = time.monotonic() + self.flush_interval_seconds
+            cpu_before = time.thread_time()
             try:
                 self._cycle(reads)
                 self._reader_gap_until = time.monotonic() + _READER_GAP_SECONDS
             except Exception as exc:
                 _log.exception("wmwatch history writer failed unexpectedly; it goes on")
                 self._count_error(_first_line(exc))
+            self._pace(time.thread_time() - cpu_before)
             if stopping:
+                self._engine.close()
                 with self._cond:
                     self._cond.notify_all()
                 return
+
+    def _pace(self, cpu_seconds: float) -> None:
+        # A flush costs about the same CPU for one batch as for a hundred, and more on a slower
+        # machine: at a fixed interval that fixed cost became a share of the cores the watched
+        # job needs. Waiting in proportion to what the last flush cost keeps the share bounded;
+        # the rows just wait a little longer in memory. (DuckDB runs on this thread only, so
+        # the thread's CPU time is the flush's whole cost.)
+        if self.max_cpu_share is None:
+            return
+        wait = min(_MAX_PACED_INTERVAL_SECONDS, cpu_seconds / self.max_cpu_share)
+        with self._cond:
+            self._next_flush_at = max(self._next_flush_at, time.monotonic() + wait)
 
     def _cycle(self, reads: list[_Read]) -> None:
         try:
@@ -547,7 +638,7 @@ class HistoryStore:
                     except Exception as exc:
                         request.future.set_exception(exc)
         finally:
-            con.close()
+            self._engine.detach()
             _drop_empty_wal(self.path)
 
     def _write_pending(self, con: duckdb.DuckDBPyConnection) -> None:

@@ -42,6 +42,9 @@ log = logging.getLogger("wmwatch")
 
 DEFAULT_METRICS_ADDR = "127.0.0.1"
 SPARK_BUS_POLL_SECONDS = 5.0
+# The history writer's timed flushes may use this share of one core: the watched job runs on
+# the same cores, and a flush's fixed cost grows with a slower machine.
+HISTORY_WRITER_CPU_SHARE = 0.005
 
 
 class Watch:
@@ -169,7 +172,10 @@ class Watch:
 
         try:
             store = HistoryStore(
-                Path(db), retention_days=retention_days, flush_interval_seconds=db_flush_seconds
+                Path(db),
+                retention_days=retention_days,
+                flush_interval_seconds=db_flush_seconds,
+                max_cpu_share=HISTORY_WRITER_CPU_SHARE,
             )
         except WmwatchError as exc:
             if self._strict:
@@ -474,7 +480,9 @@ def attach(
     ``strict``: raise on setup problems (port in use, unusable db) instead of logging them and
     running without that part. ``forget_after_seconds``: how long a stopped query's series stay.
     ``db_flush_seconds``: how often history is written (the file is opened only then, so
-    ``wmwatch report`` can read it in between). ``retention_days``: delete older history.
+    ``wmwatch report`` can read it in between); where a flush costs more than 0.5% of one core
+    over that interval (a slow or busy machine), flushes are spaced out to keep to that share.
+    ``retention_days``: delete older history.
     ``pushgateway``: ``host:port`` to push to, for jobs that end before a scrape.
 
     One watch per session: on a session that already has a live watch, ``attach`` returns it
