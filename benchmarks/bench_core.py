@@ -28,8 +28,8 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import wmwatch  # noqa: E402
-from wmwatch._health import Health  # noqa: E402
-from wmwatch._listener import EventQueue, Py4jListener  # noqa: E402
+from wmwatch._core.health import Health  # noqa: E402
+from wmwatch._core.listener import EventQueue, Py4jListener  # noqa: E402
 
 
 def session() -> Any:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import duckdb
 
-from wmwatch._store import HistoryStore
+from wmwatch._store.writer import HistoryStore
 
 TARGET_SECONDS = 1.0
 

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.test_store import REPO, progress
-from wmwatch._schema import LATEST_VERSION
-from wmwatch._store import HistoryStore
+from wmwatch._store.schema import LATEST_VERSION
+from wmwatch._store.writer import HistoryStore
 from wmwatch.cli import app
 
 runner = CliRunner()

@@ -4,6 +4,8 @@
     watch = wmwatch.attach(spark, db="wmwatch.duckdb", metrics_port=9108)
 """
 
+from wmwatch._attach import Watch, attach
+from wmwatch._core.plugins import WatchPlugin
 from wmwatch._errors import (
     AuditError,
     ConfigError,
@@ -13,9 +15,7 @@ from wmwatch._errors import (
     UnsupportedSourceError,
     WmwatchError,
 )
-from wmwatch._plugins import WatchPlugin
 from wmwatch._progress import OperatorProgress, ProgressSnapshot, SourceProgress, parse_progress
-from wmwatch._watch import Watch, attach
 
 __version__ = "0.1.0"
 

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from wmwatch._health import Health
+from wmwatch._core.health import Health
 
 log = logging.getLogger("wmwatch")
 
