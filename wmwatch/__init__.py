@@ -12,6 +12,7 @@ from wmwatch._errors import (
     MetricsServerError,
     ProgressParseError,
     StoreError,
+    UnknownQueryError,
     UnsupportedSourceError,
     WmwatchError,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "ProgressSnapshot",
     "SourceProgress",
     "StoreError",
+    "UnknownQueryError",
     "UnsupportedSourceError",
     "Watch",
     "WatchPlugin",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wmwatch._audit.report import parquet_late_column, state_advice_from_quantile, window_grid
+from wmwatch._errors import UnknownQueryError
 
 if TYPE_CHECKING:
     import duckdb
@@ -45,10 +46,6 @@ __all__ = [
     "render_table",
     "watermark_delay_advice",
 ]
-
-
-class UnknownQueryError(LookupError):
-    """``--query`` names no recorded query; the message lists the known ones."""
 
 
 @dataclass(frozen=True, slots=True)
