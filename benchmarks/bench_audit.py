@@ -1,6 +1,6 @@
 """What the late-row audit costs the production query, and how fast it writes late rows.
 
-    /work/venv/bin/python benchmarks/bench_audit.py [--files 24] [--rows 20000]
+    python benchmarks/bench_audit.py [--files 24] [--rows 20000]
 
 1. Throughput of a windowed count (10 s windows, 30 s delay, append mode, JSON files, one file
    per batch through availableNow + maxFilesPerTrigger=1) with the audit off and on, on the

@@ -37,8 +37,8 @@ from _cpu import CpuSnapshot, CpuUse, jvm_thread_names, mean_use  # noqa: E402
 from _machine import print_machine  # noqa: E402
 
 import wmwatch  # noqa: E402
-from wmwatch._health import Health  # noqa: E402
-from wmwatch._listener import EventQueue, Py4jListener  # noqa: E402
+from wmwatch._core.health import Health  # noqa: E402
+from wmwatch._core.listener import EventQueue, Py4jListener  # noqa: E402
 
 
 def session() -> Any:

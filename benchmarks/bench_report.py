@@ -21,7 +21,7 @@ from pathlib import Path
 import duckdb
 from _machine import print_machine
 
-from wmwatch._store import HistoryStore
+from wmwatch._store.writer import HistoryStore
 
 TARGET_SECONDS = 1.0
 

@@ -255,18 +255,28 @@ CASES = [
         name="listener errors",
         alert="WmwatchListenerErrors",
         series={
-            'wmwatch_listener_errors_total{job="wmwatch",instance="d:9108",stage="parse"}': "_ _ 0 2 2 2",
-            'wmwatch_event_queue_size{job="wmwatch",instance="d:9108"}': "0x5",
-            # no errors counter at all on this instance: the zero fallback must not fire
-            'wmwatch_event_queue_size{job="wmwatch",instance="e:9108"}': "0x5",
+            'wmwatch_listener_errors_total{job="wmwatch",instance="d:9108",stage="parse:progress"}': (
+                "0 0 0 2 2 2"
+            ),
+            'wmwatch_listener_errors_total{job="wmwatch",instance="d:9108",stage="handle:progress"}': (
+                "0x5"
+            ),
+            'wmwatch_listener_errors_total{job="wmwatch",instance="e:9108",stage="parse:progress"}': (
+                "0x5"
+            ),
         },
         quiet_at=["1m"],
         fires_at="4m",
         firing=[
             Firing(
-                {"job": "wmwatch", "instance": "d:9108", "severity": "warning"},
+                {
+                    "job": "wmwatch",
+                    "instance": "d:9108",
+                    "stage": "parse:progress",
+                    "severity": "warning",
+                },
                 "wmwatch on d:9108 fails to handle events",
-                "Errors while receiving or handling listener events (stage ).",
+                "Errors while receiving or handling listener events (stage parse:progress).",
             )
         ],
     ),

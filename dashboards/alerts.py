@@ -146,12 +146,9 @@ def rules(p: Profile) -> list[Rule]:
     events_dropped = (
         f"sum without (kind) (increase(wmwatch_events_dropped_total[{p.health_window}]))"
     )
-    # listener_errors_total{stage} has no series before its first error: fall back to a zero
-    # per wmwatch instance so the signal exists (and the rule is checked) when all is well.
-    listener_errors = (
-        f"sum without (stage) (increase(wmwatch_listener_errors_total[{p.health_window}])) "
-        "or 0 * wmwatch_event_queue_size"
-    )
+    # wmwatch exports its known error stages (receive, parse, handle per event kind) at 0 from
+    # the start, so the signal exists while all is well; kept per stage for the description.
+    listener_errors = f"increase(wmwatch_listener_errors_total[{p.health_window}])"
     return [
         Rule(
             alert="WmwatchWatermarkLagHigh",

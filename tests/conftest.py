@@ -10,8 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+# CI replays the same generated examples on every run (a failure there reproduces exactly);
+# elsewhere each run explores new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 os.environ.setdefault("PYSPARK_PYTHON", shutil.which("python") or "python3")
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wmwatch._audit_predicates import (
+from wmwatch._audit.predicates import (
     DEDUPE,
     DEDUPE_WITHIN_WATERMARK,
     WINDOW,

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 import wmwatch
 from tests.helpers import write_events
-from wmwatch._checkpoint import CheckpointReader, HadoopFileSystem
+from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem
 from wmwatch._errors import AuditError, UnsupportedSourceError
 
 pytestmark = pytest.mark.spark

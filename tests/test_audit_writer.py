@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.test_store import progress
-from wmwatch._audit import _batch_writer, _Found, _pending_writer
-from wmwatch._audit_report import (
+from wmwatch._audit.auditor import _batch_writer, _Found, _pending_writer
+from wmwatch._audit.report import (
     WindowGrid,
     delay_to_keep,
     extra_delay_needed_seconds,
@@ -27,8 +27,8 @@ from wmwatch._audit_report import (
     state_advice_from_quantile,
     window_grid,
 )
-from wmwatch._report import build_report, report_dict
-from wmwatch._store import HistoryStore, open_readonly
+from wmwatch._report.build import build_report, report_dict
+from wmwatch._store.writer import HistoryStore, open_readonly
 
 T = 1_767_225_600  # 2026-01-01T00:00:00Z in seconds
 US = 1_000_000

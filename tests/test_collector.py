@@ -6,11 +6,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from wmwatch._collector import WatchCollector
+from wmwatch._core.health import Health
+from wmwatch._core.state import QueryBook
 from wmwatch._events import parse_started, parse_terminated
-from wmwatch._health import Health
+from wmwatch._metrics.collector import WatchCollector
 from wmwatch._progress import parse_progress
-from wmwatch._state import QueryBook
 
 
 class Clock:

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from wmwatch import ConfigError, MetricsServerError
-from wmwatch._exporter import serve_metrics
+from wmwatch._metrics.exporter import serve_metrics
 
 
 @pytest.fixture

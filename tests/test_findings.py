@@ -10,8 +10,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from wmwatch._findings import ACTIVE, RESOLVED, FindingsBook, finding_id
-from wmwatch._store import HistoryStore
+from wmwatch._inspect.findings import ACTIVE, RESOLVED, FindingsBook, finding_id
+from wmwatch._store.writer import HistoryStore
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

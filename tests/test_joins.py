@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from wmwatch._joins import (
+from wmwatch._inspect.joins import (
     EVENT_TIME_EQUALITY,
     KEY,
     NO_TIME_CONDITION,

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 import wmwatch
 from tests.helpers import write_events
-from wmwatch._joins import (
+from wmwatch._inspect.joins import (
     EVENT_TIME_EQUALITY,
     NO_TIME_CONDITION,
     NO_WATERMARK,
@@ -21,7 +21,7 @@ from wmwatch._joins import (
     RANGE,
     parse_join_lines,
 )
-from wmwatch._plan import PlanPlugin
+from wmwatch._inspect.plugin import PlanPlugin
 
 pytestmark = pytest.mark.spark
 
@@ -133,7 +133,7 @@ def test_join_case_classified_and_growth_flagged(
         # the text path (Spark Connect) must agree with the py4j path on the same plan
         text = query._jsq.streamingQuery().lastExecution().executedPlan().toString()
         (from_text,) = parse_join_lines(str(text))
-        from wmwatch._joins import classify_join
+        from wmwatch._inspect.joins import classify_join
 
         assert classify_join(from_text).case == case
         findings = [f for f in summary["findings"] if f["kind"] == "join_state_unbounded"]

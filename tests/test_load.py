@@ -35,7 +35,7 @@ from typer.testing import CliRunner
 import wmwatch
 from tests.helpers import free_port, write_events
 from tests.scripts.safety_support import NoQueriesSession, progress_event_json, rss_bytes
-from wmwatch._plugins import WatchPlugin
+from wmwatch._core.plugins import WatchPlugin
 from wmwatch.cli import app
 
 

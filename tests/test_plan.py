@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from wmwatch._joins import (
+from wmwatch._inspect.joins import (
     EVENT_TIME_EQUALITY,
     KEY,
     NO_WATERMARK,
@@ -17,7 +17,7 @@ from wmwatch._joins import (
     VALUE,
     classify_join,
 )
-from wmwatch._plan import facts_from_text, interval_seconds, operator_watermarks_from_text
+from wmwatch._inspect.plugin import facts_from_text, interval_seconds, operator_watermarks_from_text
 
 PLANS = Path(__file__).parent / "fixtures" / "plans"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from wmwatch._plan import PlanPlugin
+from wmwatch._inspect.plugin import PlanPlugin
 from wmwatch._progress import ProgressSnapshot, parse_progress
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

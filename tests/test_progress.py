@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from wmwatch import ProgressParseError, parse_progress
 from wmwatch._progress import EPOCH, _redacted, parse_progress_event, parse_timestamp
-from wmwatch._redact import _SECRET_PAIR, redact
+from wmwatch._text import _SECRET_PAIR, redact
 
 FIXTURE = Path(__file__).parent / "fixtures" / "progress_window.json"
 

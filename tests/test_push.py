@@ -16,13 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import free_port, write_events
 from tests.prom_servers import pushgateway, recorder
-from wmwatch._collector import WatchCollector
+from wmwatch._core.health import Health
+from wmwatch._core.state import QueryBook
 from wmwatch._errors import ConfigError
 from wmwatch._events import parse_started, parse_terminated
-from wmwatch._health import Health
+from wmwatch._metrics.collector import WatchCollector
+from wmwatch._metrics.push import PushPlugin
 from wmwatch._progress import parse_progress
-from wmwatch._push import PushPlugin
-from wmwatch._state import QueryBook
 
 
 def progress(batch: int) -> Any:

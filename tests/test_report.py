@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from tests.test_store import REPO, T0, progress
 from wmwatch._events import parse_terminated
-from wmwatch._report import (
+from wmwatch._report.build import (
     SECTIONS,
     Section,
     UnknownQueryError,
@@ -36,7 +36,7 @@ from wmwatch._report import (
     report_dict,
     watermark_delay_advice,
 )
-from wmwatch._store import HistoryStore, open_readonly
+from wmwatch._store.writer import HistoryStore, open_readonly
 from wmwatch.cli import app
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -34,7 +34,7 @@ import wmwatch
 from tests.helpers import free_port, iso, scrape, write_events
 from tests.scripts.safety_support import NoQueriesSession, progress_doc
 from wmwatch._progress import parse_progress
-from wmwatch._store import HistoryStore
+from wmwatch._store.writer import HistoryStore
 from wmwatch.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
@@ -194,7 +194,7 @@ _SECOND_PROCESS = textwrap.dedent(
     import json, logging, sys
     import wmwatch
     from wmwatch._progress import parse_progress
-    from wmwatch._store import HistoryStore
+    from wmwatch._store.writer import HistoryStore
     from tests.scripts.safety_support import NoQueriesSession, progress_doc
 
     db = sys.argv[1]
@@ -279,7 +279,7 @@ def test_a_failed_attach_leaves_the_file_registry_and_session_free(tmp_path: Pat
 def test_the_lock_goes_with_a_killed_writer(tmp_path: Path) -> None:
     db = tmp_path / "history.duckdb"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom wmwatch._store import HistoryStore\n"
+        [sys.executable, "-c", "import sys, time\nfrom wmwatch._store.writer import HistoryStore\n"
          f"store = HistoryStore({str(db)!r}).start()\nprint('open', flush=True)\ntime.sleep(120)"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
@@ -299,8 +299,8 @@ def test_the_lock_goes_with_a_killed_writer(tmp_path: Path) -> None:
 
 
 def test_live_events_wait_behind_the_seeded_batches() -> None:
-    from wmwatch._health import Health
-    from wmwatch._listener import EventQueue
+    from wmwatch._core.health import Health
+    from wmwatch._core.listener import EventQueue
 
     events = EventQueue(10, Health())
     with events.live_events_held() as offer_first:

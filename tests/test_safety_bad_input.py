@@ -26,9 +26,9 @@ from typer.testing import CliRunner
 import wmwatch
 from tests.helpers import free_port
 from tests.scripts.safety_support import NoQueriesSession, progress_doc
-from wmwatch._listener import Py4jListener
-from wmwatch._schema import LATEST_VERSION
-from wmwatch._store import HistoryStore
+from wmwatch._core.listener import Py4jListener
+from wmwatch._store.schema import LATEST_VERSION
+from wmwatch._store.writer import HistoryStore
 from wmwatch.cli import app
 
 # ----------------------------------------------------------------------------- strategies
@@ -140,8 +140,16 @@ def _parse_exposition(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]]
     return samples
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
+@settings(
+    max_examples=150,
+    deadline=None,
+    # hostile documents are large on purpose
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 @given(documents=st.lists(hostile_progress(), min_size=1, max_size=4),
        lifecycle=st.lists(st.tuples(st.sampled_from(["started", "idle", "terminated"]), json_values), max_size=2))
 def test_hostile_progress_never_escapes_the_listener_and_metrics_always_parse(

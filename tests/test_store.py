@@ -23,8 +23,8 @@ import pytest
 from wmwatch._errors import StoreError
 from wmwatch._events import parse_started, parse_terminated
 from wmwatch._progress import ProgressSnapshot, parse_progress
-from wmwatch._schema import LATEST_VERSION
-from wmwatch._store import HistoryStore, apply_retention, open_readonly
+from wmwatch._store.schema import LATEST_VERSION
+from wmwatch._store.writer import HistoryStore, apply_retention, open_readonly
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -441,7 +441,7 @@ _READ_ONLY_SCRIPT = textwrap.dedent(
     import json, os, sys, time
     from pathlib import Path
     from wmwatch._errors import StoreError
-    from wmwatch._store import HistoryStore
+    from wmwatch._store.writer import HistoryStore
     from wmwatch._progress import parse_progress
 
     folder = Path(sys.argv[1])
@@ -523,7 +523,7 @@ def test_read_only_folder_and_file_made_read_only_while_running(tmp_path: Path) 
 _KILL_SCRIPT = textwrap.dedent(
     """
     import sys
-    from wmwatch._store import HistoryStore
+    from wmwatch._store.writer import HistoryStore
     from wmwatch._progress import parse_progress
 
     store = HistoryStore(sys.argv[1], flush_interval_seconds=60, flush_writes=10**9).start()

@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from wmwatch._progress import ProgressSnapshot, parse_progress
-from wmwatch._watermarks import (
+from wmwatch._inspect.watermarks import (
     SourceWatermark,
     WatermarkMonitor,
     holding_back,
     policy_from_conf,
 )
+from wmwatch._progress import ProgressSnapshot, parse_progress
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests.helpers import write_events
-from wmwatch._plan import PlanPlugin
+from wmwatch._inspect.plugin import PlanPlugin
 from wmwatch.cli import app
 
 pytestmark = pytest.mark.spark

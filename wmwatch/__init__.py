@@ -4,18 +4,19 @@
     watch = wmwatch.attach(spark, db="wmwatch.duckdb", metrics_port=9108)
 """
 
+from wmwatch._attach import Watch, attach
+from wmwatch._core.plugins import WatchPlugin
 from wmwatch._errors import (
     AuditError,
     ConfigError,
     MetricsServerError,
     ProgressParseError,
     StoreError,
+    UnknownQueryError,
     UnsupportedSourceError,
     WmwatchError,
 )
-from wmwatch._plugins import WatchPlugin
 from wmwatch._progress import OperatorProgress, ProgressSnapshot, SourceProgress, parse_progress
-from wmwatch._watch import Watch, attach
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,7 @@ __all__ = [
     "ProgressSnapshot",
     "SourceProgress",
     "StoreError",
+    "UnknownQueryError",
     "UnsupportedSourceError",
     "Watch",
     "WatchPlugin",

@@ -5,6 +5,7 @@
     ├── ProgressParseError       a progress document without the fields every batch has
     ├── StoreError               the DuckDB history file cannot be opened, created or migrated
     ├── MetricsServerError       the /metrics endpoint cannot be served (port in use, bad TLS files)
+    ├── UnknownQueryError        a report names a query the history does not hold
     └── AuditError               a late-row audit cannot be started or run
         └── UnsupportedSourceError   the query reads a source the audit cannot replay exactly
 
@@ -32,6 +33,10 @@ class StoreError(WmwatchError):
 
 class MetricsServerError(WmwatchError):
     """The metrics endpoint cannot be served."""
+
+
+class UnknownQueryError(WmwatchError, LookupError):
+    """A report names no recorded query; the message lists the known ones."""
 
 
 class AuditError(WmwatchError):

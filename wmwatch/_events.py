@@ -14,7 +14,7 @@ from typing import Any
 
 from wmwatch._errors import ProgressParseError
 from wmwatch._progress import parse_timestamp, query_label
-from wmwatch._redact import redact
+from wmwatch._text import redact
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from wmwatch._errors import ProgressParseError
-from wmwatch._redact import redact
+from wmwatch._text import redact
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Spark reports the watermark as the epoch until the first one is computed.

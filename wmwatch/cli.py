@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import typer
 
-from wmwatch._cli_demo import demo
-from wmwatch._cli_report import report
+from wmwatch._cli.demo import demo
+from wmwatch._cli.report import report
 
 app = typer.Typer(
     name="wmwatch",

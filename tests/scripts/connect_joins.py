@@ -21,7 +21,7 @@ def main(work: Path) -> None:
     from pyspark.sql import functions as F
 
     import wmwatch
-    from wmwatch._plan import PlanPlugin
+    from wmwatch._inspect.plugin import PlanPlugin
 
     spark = local_connect_session()
     for side in ("l", "r"):

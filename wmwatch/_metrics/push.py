@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import default_handler, push_to_gateway
 
+from wmwatch._core.plugins import WatchPlugin
 from wmwatch._errors import ConfigError
 from wmwatch._events import QueryStarted, QueryTerminated
-from wmwatch._plugins import WatchPlugin
 from wmwatch._progress import ProgressSnapshot
 
 log = logging.getLogger("wmwatch")

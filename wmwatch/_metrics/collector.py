@@ -19,11 +19,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from wmwatch._health import HANDLING_BUCKETS_SECONDS, Health
-from wmwatch._plugins import WatchPlugin
+from wmwatch._core.health import HANDLING_BUCKETS_SECONDS, Health
+from wmwatch._core.plugins import WatchPlugin
+from wmwatch._core.state import QueryBook, QueryState
 from wmwatch._progress import to_epoch_seconds
-from wmwatch._redact import valid_utf8 as _utf8
-from wmwatch._state import QueryBook, QueryState
+from wmwatch._text import valid_utf8 as _utf8
 
 log = logging.getLogger("wmwatch")
 

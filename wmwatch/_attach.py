@@ -21,22 +21,22 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from wmwatch._collector import WatchCollector
-from wmwatch._errors import ConfigError, ProgressParseError, WmwatchError
-from wmwatch._events import QueryTerminated, parse_idle, parse_started, parse_terminated
-from wmwatch._exporter import MetricsServer, serve_metrics
-from wmwatch._health import Health
-from wmwatch._listener import (
+from wmwatch._core.health import Health
+from wmwatch._core.listener import (
     EventQueue,
     ListenerRegistration,
     RawEvent,
     seed_active_queries,
     spark_streams_events_dropped,
 )
-from wmwatch._plugins import WatchPlugin
+from wmwatch._core.plugins import WatchPlugin
+from wmwatch._core.sessions import SessionRegistry, differing_options
+from wmwatch._core.state import QueryBook, QueryState
+from wmwatch._errors import ConfigError, ProgressParseError, WmwatchError
+from wmwatch._events import QueryTerminated, parse_idle, parse_started, parse_terminated
+from wmwatch._metrics.collector import WatchCollector
+from wmwatch._metrics.exporter import MetricsServer, serve_metrics
 from wmwatch._progress import ProgressSnapshot, parse_progress_event
-from wmwatch._sessions import SessionRegistry, differing_options
-from wmwatch._state import QueryBook, QueryState
 
 log = logging.getLogger("wmwatch")
 
@@ -168,7 +168,7 @@ class Watch:
     def _open_store(
         self, db: str | os.PathLike[str], retention_days: float | None, db_flush_seconds: float
     ) -> Any:
-        from wmwatch._store import HistoryStore
+        from wmwatch._store.writer import HistoryStore
 
         try:
             store = HistoryStore(
@@ -202,11 +202,11 @@ class Watch:
     ) -> list[WatchPlugin]:
         plugins: list[WatchPlugin] = []
         if inspect_plans:
-            from wmwatch._plan import PlanPlugin
+            from wmwatch._inspect.plugin import PlanPlugin
 
             plugins.append(PlanPlugin(self, state_budget_bytes=state_budget_bytes))
         if pushgateway:
-            from wmwatch._push import PushPlugin
+            from wmwatch._metrics.push import PushPlugin
 
             plugins.append(PushPlugin(self, pushgateway, job=push_job))
         return plugins
@@ -251,9 +251,9 @@ class Watch:
     def audit(self, query: Any, events: Any, **options: Any) -> Any:
         """Divert the rows ``query`` drops behind its watermark into the audit table.
 
-        See :func:`wmwatch._audit.start_audit` for the options.
+        See :func:`wmwatch._audit.auditor.start_audit` for the options.
         """
-        from wmwatch._audit import start_audit
+        from wmwatch._audit.auditor import start_audit
 
         return start_audit(self, query, events, **options)
 

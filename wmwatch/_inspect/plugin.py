@@ -34,14 +34,16 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 
+from wmwatch._core.plugins import WatchPlugin
+from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._events import QueryIdle, QueryStarted, QueryTerminated
-from wmwatch._findings import (
+from wmwatch._inspect.findings import (
     JOIN_STATE_UNBOUNDED,
     WATERMARK_JUMP,
     FindingsBook,
     finding_id,
 )
-from wmwatch._joins import (
+from wmwatch._inspect.joins import (
     NONE,
     SIDES,
     Growth,
@@ -55,17 +57,15 @@ from wmwatch._joins import (
     parse_plan_tree,
     physical_plan_section,
 )
-from wmwatch._plugins import WatchPlugin
-from wmwatch._progress import ProgressSnapshot
-from wmwatch._redact import redact
-from wmwatch._spark_jobs import bounded_job
-from wmwatch._watermarks import (
+from wmwatch._inspect.watermarks import (
     OperatorWatermark,
     SourceWatermark,
     WatermarkMonitor,
     holding_back,
     policy_from_conf,
 )
+from wmwatch._progress import ProgressSnapshot
+from wmwatch._text import redact
 
 log = logging.getLogger("wmwatch.plan")
 

@@ -1,6 +1,6 @@
 """The ``wmwatch report`` command: options, failures as one line, output to stdout.
 
-The work is in :mod:`wmwatch._report`; duckdb and rich are imported inside the command so that
+The work is in :mod:`wmwatch._report.build`; duckdb and rich are imported inside the command so that
 ``wmwatch --help`` stays instant.
 """
 
@@ -54,7 +54,7 @@ def report(
     fmt = output_format.strip().lower()
     if fmt not in FORMATS:
         raise _fail(f"--format {output_format!r} is not one of {', '.join(FORMATS)}", 2)
-    from wmwatch._report import UnknownQueryError, parse_since
+    from wmwatch._report.build import UnknownQueryError, parse_since
 
     since_at = None
     if since is not None:
@@ -66,8 +66,8 @@ def report(
     import duckdb
 
     from wmwatch._errors import StoreError
-    from wmwatch._report import build_report, render_csv, render_json, render_table
-    from wmwatch._store import open_readonly
+    from wmwatch._report.build import build_report, render_csv, render_json, render_table
+    from wmwatch._store.writer import open_readonly
 
     try:
         with open_readonly(db, timeout=timeout_seconds) as con:

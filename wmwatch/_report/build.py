@@ -21,7 +21,8 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wmwatch._audit_report import parquet_late_column, state_advice_from_quantile, window_grid
+from wmwatch._audit.report import parquet_late_column, state_advice_from_quantile, window_grid
+from wmwatch._errors import UnknownQueryError
 
 if TYPE_CHECKING:
     import duckdb
@@ -45,10 +46,6 @@ __all__ = [
     "render_table",
     "watermark_delay_advice",
 ]
-
-
-class UnknownQueryError(LookupError):
-    """``--query`` names no recorded query; the message lists the known ones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -834,23 +831,23 @@ register_section(
 
 
 # ---------------------------------------------------------------------------- watermarks section
-# (owned by the joins/watermarks feature: logic in wmwatch/_watermarks.py)
+# (owned by the joins/watermarks feature: logic in wmwatch/_inspect/watermarks.py)
 
 
 def _load_watermarks(con: duckdb.DuckDBPyConnection, scope: Scope) -> Mapping[str, Any]:
-    from wmwatch._watermarks import load_watermarks
+    from wmwatch._inspect.watermarks import load_watermarks
 
     return load_watermarks(con, scope.query_ids)
 
 
 def _render_watermarks(data: Mapping[str, Any]) -> RenderableType:
-    from wmwatch._watermarks import render_watermarks
+    from wmwatch._inspect.watermarks import render_watermarks
 
     return render_watermarks(data)  # type: ignore[no-any-return]
 
 
 def _watermarks_csv(data: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    from wmwatch._watermarks import watermarks_csv
+    from wmwatch._inspect.watermarks import watermarks_csv
 
     return watermarks_csv(data)
 

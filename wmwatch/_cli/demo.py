@@ -47,9 +47,9 @@ def demo(
         raise typer.Exit(1)
     from rich.console import Console
 
-    from wmwatch._demo import run_demo
-    from wmwatch._report import build_report, render_table
-    from wmwatch._store import open_readonly
+    from wmwatch._cli.demo_job import run_demo
+    from wmwatch._report.build import build_report, render_table
+    from wmwatch._store.writer import open_readonly
 
     console = Console(highlight=False)
     result = run_demo(

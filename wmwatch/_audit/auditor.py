@@ -4,9 +4,9 @@ Design (chosen over a side streaming query, see the README): after the productio
 batch N, replay exactly N's input and apply N's late-row rule in Spark.
 
 - *Which rows*: the files batch N read, from the production checkpoint (offsets + the file
-  source's log, see :mod:`wmwatch._checkpoint`); files are immutable, so re-reading gives N's rows.
+  source's log, see :mod:`wmwatch._audit.checkpoint`); files are immutable, so re-reading gives N's rows.
 - *Which rule*: the watermark in ``offsets/N-1`` (Spark's late-row filter in N uses the previous
-  batch's watermark) and the operator's predicate (:mod:`wmwatch._audit_predicates`).
+  batch's watermark) and the operator's predicate (:mod:`wmwatch._audit.predicates`).
 - *Cheap when nothing is late*: when progress says N's smallest event time cannot be late, N is
   recorded as audited with 0 rows and no Spark job runs.
 - *Exactly once*: the late rows of N and its ``audit_batches`` marker are written in one DuckDB
@@ -18,7 +18,7 @@ batch N, replay exactly N's input and apply N's late-row rule in Spark.
   by chunk in ``late_rows_pending`` and moved into ``late_rows`` together with its marker. At most
   ``max_rows_per_batch`` rows of a batch are kept in DuckDB; the rest are counted (and written to
   Parquet when ``parquet_path`` is set). Every Spark job runs under a deadline
-  (:mod:`wmwatch._spark_jobs`).
+  (:mod:`wmwatch._core.spark_jobs`).
 
 The work runs on the audit's own thread in its own FAIR scheduler pool; the plugin hook on the
 watch's worker thread only records "batch N finished, min event time X" and wakes that thread.
@@ -44,7 +44,8 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from wmwatch._audit_predicates import (
+from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root, normalise_path
+from wmwatch._audit.predicates import (
     WINDOW,
     OperatorSpec,
     PlanFacts,
@@ -52,11 +53,10 @@ from wmwatch._audit_predicates import (
     batch_may_have_late_rows,
     parse_plan,
 )
-from wmwatch._checkpoint import CheckpointReader, HadoopFileSystem, local_root, normalise_path
+from wmwatch._core.plugins import WatchPlugin
+from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
-from wmwatch._plugins import WatchPlugin
 from wmwatch._progress import ProgressSnapshot, query_label
-from wmwatch._spark_jobs import bounded_job
 
 log = logging.getLogger("wmwatch.audit")
 

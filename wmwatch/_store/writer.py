@@ -47,9 +47,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from wmwatch._errors import StoreError
 from wmwatch._events import QueryStarted, QueryTerminated
 from wmwatch._progress import ProgressSnapshot
-from wmwatch._redact import redact
-from wmwatch._redact import valid_utf8 as _utf8
-from wmwatch._schema import LATEST_VERSION, MIGRATIONS, VERSION_TABLE
+from wmwatch._store.schema import LATEST_VERSION, MIGRATIONS, VERSION_TABLE
+from wmwatch._text import redact
+from wmwatch._text import valid_utf8 as _utf8
 
 if TYPE_CHECKING:
     import duckdb

@@ -1,6 +1,6 @@
 """Pure helpers that turn audited late rows into report facts (no DuckDB, no Spark).
 
-The report's late-rows section (wmwatch/_report.py) queries the rows; these functions hold the
+The report's late-rows section (wmwatch/_report/build.py) queries the rows; these functions hold the
 audit-specific rules: how the Parquet sink's columns map onto the ``late_rows`` table, how much
 more watermark delay a row needed, and what that extra delay costs in state.
 """

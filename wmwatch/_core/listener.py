@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from wmwatch._health import Health
+from wmwatch._core.health import Health
 
 log = logging.getLogger("wmwatch")
 

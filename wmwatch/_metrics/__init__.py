@@ -1,0 +1,1 @@
+"""Metrics out: the scrape-time collector, the /metrics endpoint, and Pushgateway mode."""

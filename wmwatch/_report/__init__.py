@@ -1,0 +1,1 @@
+"""``wmwatch report``: queries over the history file, and their rendering."""
