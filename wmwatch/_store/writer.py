@@ -136,9 +136,9 @@ _ATTACHED_AS = "wmwatch_history"
 class _WriterEngine:
     """The writer thread's DuckDB instance, in memory, with the history file attached per flush.
 
-    Starting a DuckDB instance (function catalog, settings, thread pool) costs the CPU of a
-    whole small flush, and a job paid it every ``flush_interval_seconds`` whether it wrote one
-    batch or a hundred. Attaching the file to a live instance costs a fraction of that, and
+    Starting a DuckDB instance (function catalog, settings, thread pool) costs about as much CPU
+    as a small flush's writes, and a flush every ``flush_interval_seconds`` would pay it each
+    time. Attaching the file to a live instance costs a tenth of that, and
     DETACH, like closing a connection, checkpoints and releases the file lock: readers get the
     file between flushes exactly as before. One thread: a flush is a handful of small
     statements, and a pool would compete with Spark's tasks for every core.
@@ -576,7 +576,7 @@ class HistoryStore:
                     if urgent or ((due or retention_due) and now >= not_before):
                         break
                     # Nothing pending: sleep until a write, a flush or a read comes in. Waking
-                    # for an overdue flush with nothing to write spun at the 1 ms floor below.
+                    # for an overdue flush with nothing to write would spin at the 1 ms floor.
                     wake_at = max(self._next_flush_at, not_before) if self._pending else math.inf
                     if self.retention_days is not None:
                         wake_at = min(wake_at, max(self._next_retention_at, not_before))
