@@ -505,16 +505,14 @@ class HistoryStore:
             )
 
     def _connect_for_write(self) -> duckdb.DuckDBPyConnection:
+        # a file made anew may get the inode number of the one deleted: remember that we made it
+        recreated = False
         if not self.path.exists():
             try:
                 _create_database(self.path)
             except StoreError as exc:
                 raise _Unavailable(str(exc)) from None
-            _log.warning(
-                "history file %s was deleted while wmwatch was running; created a new one and "
-                "writing on (earlier history in it is gone)",
-                self.path,
-            )
+            recreated = self._verified_file is not None
         deadline = time.monotonic() + self.lock_wait_seconds
         try:
             con = self._engine.attach(self.path, deadline=deadline)
@@ -525,7 +523,17 @@ class HistoryStore:
             # The schema check costs a catalog query per flush: only repeat it for a new file.
             stat = os.stat(self.path)
             identity = (stat.st_dev, stat.st_ino)
-            if identity != self._verified_file:
+            if identity != self._verified_file or recreated:
+                if self._verified_file is not None:
+                    # Not the file written before: it was deleted, and made again above or, when
+                    # it vanished between that check and the attach, by DuckDB itself (with the
+                    # process umask: make it owner-only again).
+                    os.chmod(self.path, _FILE_MODE)
+                    _log.warning(
+                        "history file %s was deleted while wmwatch was running; created a new "
+                        "one and writing on (earlier history in it is gone)",
+                        self.path,
+                    )
                 migrate(con, self.path)
                 self._verified_file = identity
         except Exception as exc:
