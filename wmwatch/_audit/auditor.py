@@ -430,6 +430,7 @@ class _Auditor:
         self._stop = threading.Event()
         # set when the audited run stopped: audit what it committed, then end
         self._finishing = threading.Event()
+        self._finish_at: float | None = None
         self._progress: dict[int, _BatchInfo] = {}
         self._done: set[int] = set()
         self._floor: int | None = None
@@ -460,8 +461,22 @@ class _Auditor:
 
     def finish(self) -> None:
         """The audited run stopped: audit the batches it committed, then end (on its thread)."""
+        with self._lock:
+            if self._finish_at is None:
+                self._finish_at = time.monotonic()
         self._finishing.set()
         self._wake.set()
+
+    def _finished(self) -> bool:
+        """Caught up after the run stopped, and long enough after it that no commit is late.
+
+        Spark can deliver the termination before the run's last commit file is visible (seen
+        with availableNow: the final batch's commit after the event), so one caught-up pass
+        right after the event is not proof that the run's last batch was seen.
+        """
+        with self._lock:
+            finish_at = self._finish_at
+        return finish_at is not None and time.monotonic() - finish_at >= self.progress_grace_seconds
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -596,7 +611,7 @@ class _Auditor:
             try:
                 caught_up = self._audit_pending()
                 failures = 0
-                if caught_up and self._finishing.is_set():
+                if caught_up and self._finishing.is_set() and self._finished():
                     log.info("wmwatch: audit of %s finished: its query run stopped", self.label)
                     break
             except Exception as exc:
