@@ -424,12 +424,10 @@ class _Auditor:
         self.max_row_bytes = max_row_bytes
         self.job_timeout_seconds = job_timeout_seconds
         self.progress_grace_seconds = 3.0
-        self._written_bytes = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         # set when the audited run stopped: audit what it committed, then end
-        self._finishing = threading.Event()
         self._finish_at: float | None = None
         self._progress: dict[int, _BatchInfo] = {}
         self._done: set[int] = set()
@@ -464,8 +462,11 @@ class _Auditor:
         with self._lock:
             if self._finish_at is None:
                 self._finish_at = time.monotonic()
-        self._finishing.set()
         self._wake.set()
+
+    def _finishing(self) -> bool:
+        with self._lock:
+            return self._finish_at is not None
 
     def _finished(self) -> bool:
         """Caught up after the run stopped, and long enough after it that no commit is late.
@@ -611,7 +612,7 @@ class _Auditor:
             try:
                 caught_up = self._audit_pending()
                 failures = 0
-                if caught_up and self._finishing.is_set() and self._finished():
+                if caught_up and self._finished():
                     log.info("wmwatch: audit of %s finished: its query run stopped", self.label)
                     break
             except Exception as exc:
@@ -625,7 +626,7 @@ class _Auditor:
                     failures,
                     exc,
                 )
-                if self._finishing.is_set() and failures >= 5:
+                if self._finishing() and failures >= 5:
                     break  # the run is gone; a later audit of the query resumes from here
                 self._stop.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
             self._wake.wait(self.poll_interval_seconds)
@@ -696,7 +697,7 @@ class _Auditor:
             late = self._late_rows_frame([f.path for f in files], late_wm_ms)
             if self.sink == "parquet":
                 found = _Found.all_in_parquet(
-                    self._write_parquet(late, batch_id, run_id, late_wm_ms),
+                    self._write_parquet(late, batch_id, run_id, late_wm_ms)[0],
                     self.parquet_dir(batch_id),
                 )
             else:
@@ -817,8 +818,7 @@ class _Auditor:
         if self.parquet_path is not None:
             # Every row goes to Parquet, which also counts them; the rows kept in DuckDB are
             # then read back from that Parquet rather than parsed from the input again.
-            total = self._write_parquet(late, batch_id, run_id, late_wm_ms)
-            data_bytes = self._written_bytes
+            total, data_bytes = self._write_parquet(late, batch_id, run_id, late_wm_ms)
             overflow = self.parquet_dir(batch_id)
             late = self.spark.read.parquet(overflow).select(*_LATE_ROW_COLUMNS)
         else:
@@ -883,7 +883,10 @@ class _Auditor:
         assert self.parquet_path is not None
         return f"{self.parquet_path.rstrip('/')}/{self.query_id}/batch-{batch_id:012d}"
 
-    def _write_parquet(self, late: Any, batch_id: int, run_id: str | None, late_wm_ms: int) -> int:
+    def _write_parquet(
+        self, late: Any, batch_id: int, run_id: str | None, late_wm_ms: int
+    ) -> tuple[int, int]:
+        """Have Spark write the batch's late rows to its Parquet folder; (rows, row_data bytes)."""
         from pyspark.sql import functions as F
 
         directory = self.parquet_dir(batch_id)
@@ -913,8 +916,7 @@ class _Auditor:
         )
         # Overwrite makes a re-run after a crash replace, not add to, what a first attempt wrote.
         observed.write.mode("overwrite").parquet(directory)
-        self._written_bytes = int(written.get["bytes"] or 0)
-        return int(written.get["rows"])
+        return int(written.get["rows"]), int(written.get["bytes"] or 0)
 
     # -- the store side -------------------------------------------------------------------------------
 
