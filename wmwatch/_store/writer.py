@@ -160,17 +160,17 @@ class _WriterEngine:
             self._con = con
         con = self._con
         quoted = str(path).replace("'", "''")
-        while True:
+
+        def attach_once() -> duckdb.DuckDBPyConnection:
             try:
                 con.execute(f"ATTACH '{quoted}' AS {_ATTACHED_AS}")
                 con.execute(f"USE {_ATTACHED_AS}")
-                return con
-            except (duckdb.Error, OSError) as exc:
+            except BaseException:
                 self.detach()
-                if _is_lock_conflict(exc) and time.monotonic() < deadline:
-                    time.sleep(_LOCK_POLL_SECONDS)
-                    continue
-                raise StoreError(_describe_open_error(path, exc)) from None
+                raise
+            return con
+
+        return _until_unlocked(path, deadline, attach_once)
 
     def detach(self) -> None:
         """Release the file (checkpoint, lock); the instance stays for the next flush."""
@@ -1022,21 +1022,29 @@ def open_readonly(
         con.close()
 
 
-def _connect(path: Path, *, read_only: bool, deadline: float) -> duckdb.DuckDBPyConnection:
-    """Open ``path``, retrying lock conflicts until ``deadline``; StoreError otherwise."""
+def _until_unlocked(path: Path, deadline: float, open_once: Callable[[], T]) -> T:
+    """``open_once()``, tried again while another connection holds ``path``'s lock, until
+    ``deadline``; any other failure, or the deadline, is a one-line :class:`StoreError`."""
     import duckdb
 
     while True:
         try:
-            con = duckdb.connect(str(path), read_only=read_only)
+            return open_once()
         except (duckdb.Error, OSError) as exc:
             if _is_lock_conflict(exc) and time.monotonic() < deadline:
                 time.sleep(_LOCK_POLL_SECONDS)
                 continue
             raise StoreError(_describe_open_error(path, exc)) from None
-        if not read_only:
-            con.execute("SET TimeZone = 'UTC'")
-        return con
+
+
+def _connect(path: Path, *, read_only: bool, deadline: float) -> duckdb.DuckDBPyConnection:
+    """Open ``path``, retrying lock conflicts until ``deadline``; StoreError otherwise."""
+    import duckdb
+
+    con = _until_unlocked(path, deadline, lambda: duckdb.connect(str(path), read_only=read_only))
+    if not read_only:
+        con.execute("SET TimeZone = 'UTC'")
+    return con
 
 
 def _private_wal(path: Path) -> None:
