@@ -342,17 +342,13 @@ class Watch:
         except Exception:  # noqa: BLE001 - the session may already be stopped
             return
         deadline = time.monotonic() + timeout
-
-        def stopped() -> list[QueryState]:
-            return [
-                state
-                for state in self.book.snapshot()
-                if state.status == "active" and state.query_id not in active
-            ]
-
-        while stopped() and time.monotonic() < deadline and self._worker.is_alive():
+        while (
+            self._stopped_unheard(active)
+            and time.monotonic() < deadline
+            and self._worker.is_alive()
+        ):
             time.sleep(0.02)
-        for state in stopped():
+        for state in self._stopped_unheard(active):
             log.warning(
                 "wmwatch: query %s stopped but its termination event did not arrive before "
                 "close(); recording it as stopped",
@@ -366,17 +362,24 @@ class Watch:
         """Once Spark has dropped events, a lost termination would leave a query "up" forever:
         mark queries that Spark no longer runs as terminated (the exception, if any, is lost)."""
         active = {str(query.id) for query in self.spark.streams.active}
-        for state in self.book.snapshot():
-            if state.status == "active" and state.query_id not in active:
-                lost = QueryTerminated(state.query_id, state.run_id, None, None, None)
-                log.warning(
-                    "wmwatch: query %s stopped but its termination event was lost; marking it stopped",
-                    state.label,
-                )
-                self.book.on_terminated(lost)
-                if self.store is not None:
-                    self.store.record_query_terminated(lost)
-                self._tell("on_query_terminated", lost)
+        for state in self._stopped_unheard(active):
+            lost = QueryTerminated(state.query_id, state.run_id, None, None, None)
+            log.warning(
+                "wmwatch: query %s stopped but its termination event was lost; marking it stopped",
+                state.label,
+            )
+            self.book.on_terminated(lost)
+            if self.store is not None:
+                self.store.record_query_terminated(lost)
+            self._tell("on_query_terminated", lost)
+
+    def _stopped_unheard(self, active: set[str]) -> list[QueryState]:
+        """Queries the book has as running that Spark (``active`` ids) no longer runs."""
+        return [
+            state
+            for state in self.book.snapshot()
+            if state.status == "active" and state.query_id not in active
+        ]
 
     def _run(self) -> None:
         next_bus_poll = 0.0
