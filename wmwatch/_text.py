@@ -1,4 +1,7 @@
-"""Cleaning text before it is stored or exported: credentials masked, invalid UTF-8 replaced."""
+"""Cleaning text where it enters wmwatch: credentials masked, invalid UTF-8 replaced, one line kept.
+
+Text from Spark (query names, source descriptions, exception messages, progress JSON) is cleaned
+once, when it is parsed; what is stored, exported and reported downstream is already clean."""
 
 from __future__ import annotations
 
@@ -33,3 +36,17 @@ def valid_utf8(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "replace").decode("utf-8")
     return text
+
+
+def first_line(text: str | None, limit: int = 300) -> str | None:
+    """The first non-empty line of ``text``, at most ``limit`` characters; None if there is none."""
+    if not text:
+        return None
+    stripped = text.strip()
+    line = stripped.splitlines()[0] if stripped else ""
+    return line[:limit] or None
+
+
+def error_line(exc: BaseException, limit: int = 500) -> str:
+    """One redacted line that says what went wrong, for logs, metrics and the history."""
+    return redact(first_line(str(exc), limit) or type(exc).__name__)[:limit]

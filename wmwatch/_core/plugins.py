@@ -5,12 +5,17 @@ A plugin is told about every event after the core state and history have been up
 few milliseconds (hand anything slower to a thread of their own) and must not raise (the worker
 counts and logs what they raise, and goes on). ``collect`` runs on the HTTP server's thread at
 scrape time and must only read.
+
+A plugin that needs the watch it rides on is given a :class:`WatchContext`: the few things it may
+use, typed, so that a plugin never reaches into ``Watch`` itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, TypeVar
 
+import duckdb
 from prometheus_client.core import Metric
 
 from wmwatch._events import QueryIdle, QueryStarted, QueryTerminated
@@ -40,3 +45,35 @@ class WatchPlugin:
 
     def close(self) -> None:
         """Flush and stop; called once from ``Watch.close``."""
+
+
+T = TypeVar("T")
+Write = Callable[[duckdb.DuckDBPyConnection], None]
+
+
+class HistoryAccess(Protocol):
+    """What a plugin may do with the history database: queue a write, or read on the writer's
+    connection. Both run on the store's one writer thread, so a plugin never opens the file."""
+
+    def submit(self, write: Write, *, description: str) -> None: ...
+
+    def read(self, fn: Callable[[duckdb.DuckDBPyConnection], T], timeout: float = 10.0) -> T: ...
+
+
+class WatchContext(Protocol):
+    """What a plugin may use of the watch it rides on."""
+
+    @property
+    def spark(self) -> Any:
+        """The watched ``SparkSession`` (classic or Connect)."""
+
+    @property
+    def store(self) -> HistoryAccess | None:
+        """The history database, or None when the watch keeps no history."""
+
+    def get_query(self, query_id: str) -> Any:
+        """The running ``StreamingQuery`` with this id, or None."""
+
+    def plugins(self) -> list[WatchPlugin]: ...
+
+    def add_plugin(self, plugin: WatchPlugin) -> None: ...
