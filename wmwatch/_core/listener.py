@@ -2,9 +2,9 @@
 
 Two ways in, chosen at attach time:
 
-* ``py4j``: a py4j proxy implementing ``org.apache.spark.sql.streaming.PythonStreamingQueryListener``
-  (classic PySpark). Each callback makes one JVM round trip (``event.json()``) and puts the text on
-  a bounded queue. The stock PySpark listener instead converts every event field by field, which
+* ``py4j``: a py4j proxy implementing Spark's ``PythonStreamingQueryListener`` (classic
+  PySpark). Each callback makes one JVM round trip (``event.json()``) and puts the text on a
+  bounded queue. The stock PySpark listener instead converts every event field by field, which
   costs 100-800 ms per progress event on a small driver. This interface is internal to PySpark, so
   it is guarded and falls back to the stock listener.
 * ``stock``: a ``pyspark.sql.streaming.StreamingQueryListener`` subclass. Used on Spark Connect,
@@ -140,9 +140,9 @@ class Py4jListener:
 
 def make_stock_listener(events: EventQueue, health: Health) -> Any:
     """A stock ``StreamingQueryListener`` feeding the same queue (Spark Connect, or fallback)."""
-    from pyspark.sql.streaming import StreamingQueryListener
+    from pyspark.sql.streaming.listener import StreamingQueryListener
 
-    class StockListener(StreamingQueryListener):  # type: ignore[misc]
+    class StockListener(StreamingQueryListener):
         def _safe(self, kind: str, build: Any) -> None:
             try:
                 events.offer(kind, build())
@@ -166,7 +166,11 @@ def make_stock_listener(events: EventQueue, health: Health) -> Any:
         def onQueryIdle(self, event: Any) -> None:  # noqa: N802
             self._safe(
                 "idle",
-                lambda: {"id": str(event.id), "runId": str(event.runId), "timestamp": event.timestamp},
+                lambda: {
+                    "id": str(event.id),
+                    "runId": str(event.runId),
+                    "timestamp": event.timestamp,
+                },
             )
 
         def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
@@ -191,7 +195,9 @@ def is_classic(spark: Any) -> bool:
 class ListenerRegistration:
     """Adds the cheapest listener the session supports and removes it again on ``remove``."""
 
-    def __init__(self, spark: Any, events: EventQueue, health: Health, *, mode: str = "auto") -> None:
+    def __init__(
+        self, spark: Any, events: EventQueue, health: Health, *, mode: str = "auto"
+    ) -> None:
         self._spark = spark
         self._jwrapper: Any = None
         self._stock: Any = None
@@ -204,8 +210,9 @@ class ListenerRegistration:
                 from pyspark.java_gateway import ensure_callback_server_started
 
                 context = spark.sparkContext
-                ensure_callback_server_started(context._gateway)
-                self._jwrapper = context._jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper(
+                ensure_callback_server_started(context._gateway)  # type: ignore[no-untyped-call]  # unannotated in pyspark
+                streaming = context._jvm.org.apache.spark.sql.streaming
+                self._jwrapper = streaming.PythonStreamingQueryListenerWrapper(
                     Py4jListener(events, health)
                 )
                 spark.streams._jsqm.addListener(self._jwrapper)
@@ -215,7 +222,9 @@ class ListenerRegistration:
                 self._jwrapper = None
                 if mode == "py4j":
                     raise
-                log.warning("wmwatch: py4j listener unavailable (%s); using the stock listener", exc)
+                log.warning(
+                    "wmwatch: py4j listener unavailable (%s); using the stock listener", exc
+                )
         self._stock = make_stock_listener(events, health)
         spark.streams.addListener(self._stock)
         health.listener_mode = "stock"
@@ -230,8 +239,9 @@ class ListenerRegistration:
             log.debug("wmwatch: removing the listener failed: %s", exc)
 
 
-# Spark keeps 100 progress updates per query by default (spark.sql.streaming.numRecentProgressUpdates);
-# a larger setting is honoured up to this many, so attach stays short (two py4j calls per batch).
+# Spark keeps 100 progress updates per query by default
+# (spark.sql.streaming.numRecentProgressUpdates); a larger setting is honoured up to this many,
+# so attach stays short (two py4j calls per batch).
 SEED_MAX_BATCHES_PER_QUERY = 1_000
 
 
@@ -253,7 +263,10 @@ def seed_active_queries(spark: Any, offer: Offer, health: Health, *, room: int) 
     for query in active:
         try:
             query_id, name = str(query.id), query.name
-            offer("started", {"id": query_id, "runId": str(query.runId), "name": name, "timestamp": None})
+            offer(
+                "started",
+                {"id": query_id, "runId": str(query.runId), "name": name, "timestamp": None},
+            )
             batches = _remembered_progress(query, per_query, health)
             for progress in batches:
                 offer("progress", progress)
@@ -261,7 +274,8 @@ def seed_active_queries(spark: Any, offer: Offer, health: Health, *, room: int) 
         except Exception:  # noqa: BLE001
             health.error("seed")
     if recovered:
-        shown = ", ".join(recovered[:10]) + (f", and {len(recovered) - 10} more" if len(recovered) > 10 else "")
+        more = len(recovered) - 10
+        shown = ", ".join(recovered[:10]) + (f", and {more} more" if more > 0 else "")
         log.info(
             "wmwatch: watching %d query(ies) that were already running; batches recorded from "
             "Spark's recent progress: %s",
@@ -296,7 +310,8 @@ def _progress_document(progress: Any) -> str | dict[str, Any]:
     return dict(progress)
 
 
-# Spark's LiveListenerBus counts what each of its queues drops; streaming events go through "streams".
+# Spark's LiveListenerBus counts what each of its queues drops; streaming events go through
+# its "streams" queue.
 _STREAMS_DROPPED_COUNTER = "queue.streams.numDroppedEvents"
 
 

@@ -13,13 +13,15 @@ use, typed, so that a plugin never reaches into ``Watch`` itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
-import duckdb
 from prometheus_client.core import Metric
 
 from wmwatch._events import QueryIdle, QueryStarted, QueryTerminated
 from wmwatch._progress import ProgressSnapshot
+
+if TYPE_CHECKING:  # duckdb loads only with a history store: ``wmwatch --help`` stays instant
+    import duckdb
 
 
 class WatchPlugin:
@@ -48,7 +50,7 @@ class WatchPlugin:
 
 
 T = TypeVar("T")
-Write = Callable[[duckdb.DuckDBPyConnection], None]
+Write: TypeAlias = Callable[["duckdb.DuckDBPyConnection"], None]
 
 
 class HistoryAccess(Protocol):
@@ -57,7 +59,9 @@ class HistoryAccess(Protocol):
 
     def submit(self, write: Write, *, description: str) -> None: ...
 
-    def read(self, fn: Callable[[duckdb.DuckDBPyConnection], T], timeout: float = 10.0) -> T: ...
+    def read(
+        self, fn: Callable[[duckdb.DuckDBPyConnection], T], timeout: float = 10.0
+    ) -> T: ...
 
 
 class WatchContext(Protocol):

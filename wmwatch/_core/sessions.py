@@ -50,7 +50,10 @@ def same_session(a: Any, b: Any) -> bool:
 
 
 class SessionRegistry(Generic[W]):
-    """Live watches by session. ``attach`` calls :meth:`get_or_create`; ``close`` calls :meth:`discard`."""
+    """Live watches by session.
+
+    ``attach`` calls :meth:`get_or_create`; ``Watch.close`` calls :meth:`discard`.
+    """
 
     def __init__(self) -> None:
         self._guard = threading.Lock()

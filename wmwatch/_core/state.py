@@ -94,7 +94,9 @@ class QueryBook:
         with self._lock:
             state = self._queries.get(snapshot.query_id)
             if state is None:
-                state = QueryState(query_id=snapshot.query_id, run_id=snapshot.run_id, name=snapshot.name)
+                state = QueryState(
+                    query_id=snapshot.query_id, run_id=snapshot.run_id, name=snapshot.name
+                )
                 self._queries[snapshot.query_id] = state
             if state.status != "active" and state.run_id == snapshot.run_id:
                 # a progress event queued behind the termination: keep it as history only
@@ -121,7 +123,9 @@ class QueryBook:
                     state.dropped_total[key] = state.dropped_total.get(key, 0) + (
                         op.rows_dropped_by_watermark or 0
                     )
-                    state.removed_total[key] = state.removed_total.get(key, 0) + (op.rows_removed or 0)
+                    state.removed_total[key] = state.removed_total.get(key, 0) + (
+                        op.rows_removed or 0
+                    )
                 for source in snapshot.sources:
                     state.source_rows_total[source.index] = state.source_rows_total.get(
                         source.index, 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -22,8 +22,11 @@ from prometheus_client.registry import Collector
 from wmwatch._core.health import HANDLING_BUCKETS_SECONDS, Health
 from wmwatch._core.plugins import WatchPlugin
 from wmwatch._core.state import QueryBook, QueryState
-from wmwatch._progress import to_epoch_seconds
-from wmwatch._text import valid_utf8 as _utf8
+from wmwatch._text import valid_utf8
+from wmwatch._time import to_epoch_seconds
+
+if TYPE_CHECKING:  # duckdb loads only with a history store
+    from wmwatch._store.writer import StoreHealth
 
 log = logging.getLogger("wmwatch")
 
@@ -55,7 +58,7 @@ class WatchCollector(Collector):
         *,
         queue_size: Callable[[], int],
         queue_capacity: int,
-        store_health: Callable[[], Any] | None = None,
+        store_health: Callable[[], StoreHealth] | None = None,
         plugins: Callable[[], Iterable[WatchPlugin]] = tuple,
     ) -> None:
         self._book = book
@@ -75,7 +78,6 @@ class WatchCollector(Collector):
         families: dict[str, Metric] = {}
         seen: dict[str, set[tuple[str, tuple[tuple[str, str], ...]]]] = {}
         for family in self._collect():
-            family = _utf8_labels(family)
             first = families.setdefault(family.name, family)
             keys = seen.setdefault(family.name, set())
             merged = []
@@ -97,26 +99,41 @@ class WatchCollector(Collector):
         yield from self._health_metrics()
         for plugin in list(self._plugins()):
             try:
-                yield from list(plugin.collect())
+                # a plugin's labels come from its own sources, not from the parsed events
+                yield from [_utf8_labels(family) for family in plugin.collect()]
             except Exception:  # a broken plugin must not break the scrape
                 self._health.error(f"collect:{plugin.name}")
                 log.exception("wmwatch: plugin %s failed to collect metrics", plugin.name)
 
     def _query_metrics(self, states: list[QueryState]) -> Iterator[Metric]:
-        info = _gauge("wmwatch_query_info", "Watched query (value 1), with its id.", ["query", "query_id"])
+        info = _gauge(
+            "wmwatch_query_info", "Watched query (value 1), with its id.", ["query", "query_id"]
+        )
         up = _gauge("wmwatch_query_up", "1 while the query runs, 0 after it stopped.")
-        failed = _gauge("wmwatch_query_failed", "1 if the query's last run ended with an exception.")
+        failed = _gauge(
+            "wmwatch_query_failed", "1 if the query's last run ended with an exception."
+        )
         watermark = _gauge("wmwatch_watermark_seconds", "Event-time watermark (Unix seconds).")
-        ev_max = _gauge("wmwatch_event_time_max_seconds", "Max event time in the last batch (Unix seconds).")
-        ev_min = _gauge("wmwatch_event_time_min_seconds", "Min event time in the last batch (Unix seconds).")
-        ev_avg = _gauge("wmwatch_event_time_avg_seconds", "Avg event time in the last batch (Unix seconds).")
+        ev_max = _gauge(
+            "wmwatch_event_time_max_seconds", "Max event time in the last batch (Unix seconds)."
+        )
+        ev_min = _gauge(
+            "wmwatch_event_time_min_seconds", "Min event time in the last batch (Unix seconds)."
+        )
+        ev_avg = _gauge(
+            "wmwatch_event_time_avg_seconds", "Avg event time in the last batch (Unix seconds)."
+        )
         lag = _gauge("wmwatch_watermark_lag_seconds", "Batch time minus watermark.")
         delay = _gauge("wmwatch_event_time_delay_seconds", "Max event time minus watermark.")
-        spread = _gauge("wmwatch_event_time_spread_seconds", "Max minus min event time in the last batch.")
+        spread = _gauge(
+            "wmwatch_event_time_spread_seconds", "Max minus min event time in the last batch."
+        )
         input_total = _counter("wmwatch_input_rows", "Input rows read, over all batches seen.")
         batch_rows = _gauge("wmwatch_batch_input_rows", "Input rows of the last batch.")
         in_rate = _gauge("wmwatch_input_rows_per_second", "Input rate of the last batch.")
-        proc_rate = _gauge("wmwatch_processed_rows_per_second", "Processing rate of the last batch.")
+        proc_rate = _gauge(
+            "wmwatch_processed_rows_per_second", "Processing rate of the last batch."
+        )
         duration = _gauge("wmwatch_batch_duration_seconds", "Wall time of the last batch.")
         phases = _gauge(
             "wmwatch_batch_phase_duration_seconds",
@@ -129,7 +146,10 @@ class WatchCollector(Collector):
             "Batches whose progress event never reached wmwatch (Spark's listener bus dropped it).",
         )
         batch_id = _gauge("wmwatch_last_batch_id", "Id of the last batch seen.")
-        last_progress = _gauge("wmwatch_last_progress_timestamp_seconds", "When the last progress arrived (Unix seconds).")
+        last_progress = _gauge(
+            "wmwatch_last_progress_timestamp_seconds",
+            "When the last progress arrived (Unix seconds).",
+        )
         last_event = _gauge(
             "wmwatch_last_event_timestamp_seconds",
             "When the query last reported anything, progress or idle (Unix seconds).",
@@ -140,11 +160,17 @@ class WatchCollector(Collector):
             OP,
         )
         state_rows = _gauge("wmwatch_state_rows", "Rows in the operator's state store.", OP)
-        state_updated = _gauge("wmwatch_state_rows_updated", "State rows updated in the last batch.", OP)
+        state_updated = _gauge(
+            "wmwatch_state_rows_updated", "State rows updated in the last batch.", OP
+        )
         state_removed = _counter("wmwatch_state_rows_removed", "State rows removed (evicted).", OP)
-        state_mem = _gauge("wmwatch_state_memory_bytes", "Memory used by the operator's state store.", OP)
+        state_mem = _gauge(
+            "wmwatch_state_memory_bytes", "Memory used by the operator's state store.", OP
+        )
         src_rows = _counter(
-            "wmwatch_source_input_rows", "Input rows per source.", ["query", "source", "description"]
+            "wmwatch_source_input_rows",
+            "Input rows per source.",
+            ["query", "source", "description"],
         )
 
         for state in states:
@@ -157,7 +183,9 @@ class WatchCollector(Collector):
             input_total.add_metric([q], state.input_rows_total)
             if state.last_progress_wall_seconds is not None:
                 last_progress.add_metric([q], state.last_progress_wall_seconds)
-            heard = [t for t in (state.last_progress_wall_seconds, state.last_idle_wall_seconds) if t]
+            heard = [
+                t for t in (state.last_progress_wall_seconds, state.last_idle_wall_seconds) if t
+            ]
             if heard:
                 last_event.add_metric([q], max(heard))
             for (op_id, op_name), value in state.dropped_total.items():
@@ -168,15 +196,16 @@ class WatchCollector(Collector):
             if snap is None:
                 continue
             batch_id.add_metric([q], snap.batch_id)
-            if snap.has_watermark:
-                watermark.add_metric([q], to_epoch_seconds(snap.watermark_at) or 0.0)
+            watermark_at = snap.watermark_at if snap.has_watermark else None
+            if watermark_at is not None:
+                watermark.add_metric([q], watermark_at.timestamp())
             # event-time stats stay at the last batch that had data, so no-data batches
             # do not make the series flicker
             data = state.latest_with_data
             delay_seconds = None
-            if data is not None and snap.has_watermark and data.event_time_max_at is not None:
-                delay_seconds = (data.event_time_max_at - snap.watermark_at).total_seconds()  # type: ignore[operator]
-            for family, value in (
+            if data is not None and watermark_at is not None and data.event_time_max_at is not None:
+                delay_seconds = (data.event_time_max_at - watermark_at).total_seconds()
+            values: tuple[tuple[GaugeMetricFamily, float | int | None], ...] = (
                 (ev_max, to_epoch_seconds(data.event_time_max_at) if data else None),
                 (ev_min, to_epoch_seconds(data.event_time_min_at) if data else None),
                 (ev_avg, to_epoch_seconds(data.event_time_avg_at) if data else None),
@@ -187,9 +216,10 @@ class WatchCollector(Collector):
                 (in_rate, snap.input_rows_per_second),
                 (proc_rate, snap.processed_rows_per_second),
                 (duration, snap.batch_duration_seconds),
-            ):
-                if value is not None:
-                    family.add_metric([q], float(value))
+            )
+            for family, reading in values:
+                if reading is not None:
+                    family.add_metric([q], float(reading))
             for phase, seconds in sorted(snap.durations_seconds.items()):
                 phases.add_metric([q, phase], seconds)
             for op in snap.operators:
@@ -207,26 +237,35 @@ class WatchCollector(Collector):
                 )
         yield from (
             info, up, failed, watermark, ev_max, ev_min, ev_avg, lag, delay, spread, input_total,
-            batch_rows, in_rate, proc_rate, duration, phases, batches, missed, batch_id, last_progress, last_event,
-            dropped, state_rows, state_updated, state_removed, state_mem, src_rows,
+            batch_rows, in_rate, proc_rate, duration, phases, batches, missed, batch_id,
+            last_progress, last_event, dropped, state_rows, state_updated, state_removed,
+            state_mem, src_rows,
         )  # fmt: skip
 
     def _health_metrics(self) -> Iterator[Metric]:
         h = self._health.copy()
-        received = _counter("wmwatch_events_received", "Listener events received, by kind.", ["kind"])
-        dropped = _counter(
-            "wmwatch_events_dropped", "Events dropped because the queue was full, by kind.", ["kind"]
+        received = _counter(
+            "wmwatch_events_received", "Listener events received, by kind.", ["kind"]
         )
-        processed = _counter("wmwatch_events_processed", "Events handled by the worker, by kind.", ["kind"])
+        dropped = _counter(
+            "wmwatch_events_dropped",
+            "Events dropped because the queue was full, by kind.",
+            ["kind"],
+        )
+        processed = _counter(
+            "wmwatch_events_processed", "Events handled by the worker, by kind.", ["kind"]
+        )
         errors = _counter(
-            "wmwatch_listener_errors", "Errors while receiving or handling events, by stage.", ["stage"]
+            "wmwatch_listener_errors",
+            "Errors while receiving or handling events, by stage.",
+            ["stage"],
         )
         for kind in ("started", "progress", "idle", "terminated"):
-            received.add_metric([kind], h["received"].get(kind, 0))  # type: ignore[attr-defined]
-            dropped.add_metric([kind], h["dropped"].get(kind, 0))  # type: ignore[attr-defined]
-            processed.add_metric([kind], h["processed"].get(kind, 0))  # type: ignore[attr-defined]
+            received.add_metric([kind], h.received.get(kind, 0))
+            dropped.add_metric([kind], h.dropped.get(kind, 0))
+            processed.add_metric([kind], h.processed.get(kind, 0))
         stages = dict.fromkeys(_KNOWN_ERROR_STAGES, 0)
-        stages.update(h["errors"])  # type: ignore[call-overload]
+        stages.update(h.errors)
         for stage, value in sorted(stages.items()):
             errors.add_metric([stage], value)
         yield from (received, dropped, processed, errors)
@@ -238,60 +277,66 @@ class WatchCollector(Collector):
         queue_cap.add_metric([], self._queue_capacity)
         yield queue_cap
 
-        counts = h["handling_buckets"]
-        buckets = [
-            (str(bound), counts[i])  # type: ignore[index]
-            for i, bound in enumerate(HANDLING_BUCKETS_SECONDS)
+        buckets: list[tuple[str, float]] = [
+            (str(bound), count)
+            for bound, count in zip(HANDLING_BUCKETS_SECONDS, h.handling_buckets, strict=True)
         ]
-        buckets.append(("+Inf", h["handling_count"]))
+        buckets.append(("+Inf", h.handling_count))
         handling = HistogramMetricFamily(
             "wmwatch_event_handling_seconds", "Worker time per event.", labels=[]
         )
-        handling.add_metric([], buckets, sum_value=float(h["handling_sum_seconds"]))  # type: ignore[arg-type]
+        handling.add_metric([], buckets, sum_value=h.handling_sum_seconds)
         yield handling
 
         mode = GaugeMetricFamily(
-            "wmwatch_listener_mode", "How events are received (py4j proxy or stock listener).", labels=["mode"]
+            "wmwatch_listener_mode",
+            "How events are received (py4j proxy or stock listener).",
+            labels=["mode"],
         )
-        mode.add_metric([str(h["listener_mode"])], 1)
+        mode.add_metric([h.listener_mode], 1)
         yield mode
-        server = _gauge("wmwatch_metrics_server_up", "1 when the HTTP endpoint is being served.", [])
-        server.add_metric([], 1 if h["metrics_server_up"] else 0)
+        server = _gauge(
+            "wmwatch_metrics_server_up", "1 when the HTTP endpoint is being served.", []
+        )
+        server.add_metric([], 1 if h.metrics_server_up else 0)
         yield server
-        if h["spark_listener_bus_readable"]:
+        if h.spark_listener_bus_readable:
             bus_dropped = _counter(
                 "wmwatch_spark_listener_events_dropped",
-                "Events Spark's listener bus dropped from its 'streams' queue (seen by no listener).",
+                "Events Spark's listener bus dropped from its 'streams' queue "
+                "(seen by no listener).",
                 [],
             )
-            bus_dropped.add_metric([], h["spark_listener_bus_dropped"])  # type: ignore[arg-type]
+            bus_dropped.add_metric([], h.spark_listener_bus_dropped)
             yield bus_dropped
 
         if self._store_health is not None:
             store = self._store_health()
             store_up = _gauge("wmwatch_store_up", "1 when the last write to DuckDB succeeded.", [])
-            store_up.add_metric([], 1 if getattr(store, "up", False) else 0)
+            store_up.add_metric([], 1 if store.up else 0)
             pending = _gauge("wmwatch_store_pending_writes", "Writes waiting for DuckDB.", [])
-            pending.add_metric([], getattr(store, "pending_writes", 0))
+            pending.add_metric([], store.pending_writes)
             written = _counter("wmwatch_store_writes", "Writes committed to DuckDB.", [])
-            written.add_metric([], getattr(store, "written_total", 0))
-            store_errors = _counter("wmwatch_store_errors", "Failed attempts to write to DuckDB.", [])
-            store_errors.add_metric([], getattr(store, "errors_total", 0))
+            written.add_metric([], store.written_total)
+            store_errors = _counter(
+                "wmwatch_store_errors", "Failed attempts to write to DuckDB.", []
+            )
+            store_errors.add_metric([], store.errors_total)
             store_dropped = _counter(
                 "wmwatch_store_dropped_writes", "Writes given up because too many were pending.", []
             )
-            store_dropped.add_metric([], getattr(store, "dropped_total", 0))
+            store_dropped.add_metric([], store.dropped_total)
             yield from (store_up, pending, written, store_errors, store_dropped)
 
 
 def _utf8_labels(family: Metric) -> Metric:
-    """Replace lone surrogates in label values (valid in JSON escapes and Python str, not in UTF-8).
+    """Replace lone surrogates in a plugin's label values (valid in Python str, not in UTF-8).
 
-    prometheus-client encodes the whole exposition at once, so one such query or operator name
-    would turn every scrape into an HTTP 500.
+    prometheus-client encodes the whole exposition at once, so one such label value would turn
+    every scrape into an HTTP 500.
     """
     for index, sample in enumerate(family.samples):
-        if any(_utf8(value) is not value for value in sample.labels.values()):
-            labels = {key: _utf8(value) for key, value in sample.labels.items()}
+        if any(valid_utf8(value) is not value for value in sample.labels.values()):
+            labels = {key: valid_utf8(value) for key, value in sample.labels.items()}
             family.samples[index] = sample._replace(labels=labels)
     return family

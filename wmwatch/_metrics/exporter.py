@@ -32,9 +32,7 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def _basic_auth(app: Callable[..., Any], user: str, password: str) -> Callable[..., Any]:
-    expected = hashlib.sha256(
-        b"Basic " + base64.b64encode(f"{user}:{password}".encode())
-    ).digest()
+    expected = hashlib.sha256(b"Basic " + base64.b64encode(f"{user}:{password}".encode())).digest()
 
     def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         given = environ.get("HTTP_AUTHORIZATION", "").encode()
@@ -79,7 +77,9 @@ def serve_metrics(
 ) -> MetricsServer:
     """Serve ``registry`` on ``addr:port`` in a daemon thread (``port=0`` picks a free port)."""
     if not 0 <= port <= 65535:
-        raise ConfigError(f"metrics_port {port} is not a TCP port: use 1-65535, or 0/None for no endpoint")
+        raise ConfigError(
+            f"metrics_port {port} is not a TCP port: use 1-65535, or 0/None for no endpoint"
+        )
     if bool(certfile) != bool(keyfile):
         raise ConfigError("TLS needs both metrics_certfile and metrics_keyfile")
     app: Callable[..., Any] = make_wsgi_app(registry)
@@ -104,7 +104,9 @@ def serve_metrics(
                 f"port {port} on {addr} is already in use: pick another metrics_port, "
                 "or pass metrics_port=0 to run without an HTTP endpoint"
             ) from None
-        raise MetricsServerError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from None
+        raise MetricsServerError(
+            f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}"
+        ) from None
     scheme = "http"
     if certfile and keyfile:
         try:
