@@ -133,9 +133,9 @@ def bench_event_cost(spark: Any, work: Path, events: int) -> dict[str, float]:
             watch._events.offer("progress", raw.payload)
         watch.flush(timeout=60)
         after = watch.health.copy()
-        handled = after["handling_count"] - before["handling_count"]  # type: ignore[operator]
+        handled = after.handling_count - before.handling_count
         if handled:
-            worker_s.append((after["handling_sum_seconds"] - before["handling_sum_seconds"]) / handled)  # type: ignore[operator]
+            worker_s.append((after.handling_sum_seconds - before.handling_sum_seconds) / handled)
         del t0
     watch.close()
     stock_ms = statistics.median(stock_s) * 1000

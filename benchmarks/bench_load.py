@@ -69,8 +69,8 @@ def run_rate(rate: float, seconds: float, work: Path) -> dict[str, Any]:
     watch.flush(timeout=300)
     total_seconds = time.perf_counter() - begin
     health = watch.health.copy()
-    handled = health["processed"].get("progress", 0)  # type: ignore[attr-defined]
-    dropped = health["dropped"].get("progress", 0)  # type: ignore[attr-defined]
+    handled = health.processed.get("progress", 0)
+    dropped = health.dropped.get("progress", 0)
     rss_after = rss_bytes()
     watch.close()
     return {

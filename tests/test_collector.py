@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from wmwatch._core.health import Health
+from wmwatch._core.plugins import WatchPlugin
 from wmwatch._core.state import QueryBook
 from wmwatch._events import parse_started, parse_terminated
 from wmwatch._metrics.collector import WatchCollector
@@ -104,3 +106,40 @@ def test_hostile_query_names_do_not_break_the_exposition() -> None:
     (sample,) = families["wmwatch_query_up"].samples
     assert sample.labels["query"].startswith('evil"\n} wmwatch_fake')
     assert len(sample.labels["query"]) == 200
+
+
+def test_names_that_are_not_valid_utf8_still_give_a_valid_exposition() -> None:
+    # Lone surrogates are legal in JSON escapes and Python strings, not in UTF-8; the parse
+    # makes query, operator and source names valid, so the whole scrape still encodes.
+    book, registry = make(Clock())
+    doc = (
+        '{"id": "q8", "runId": "r", "batchId": 0, "name": "bad\\ud800name",'
+        ' "stateOperators": [{"operatorName": "op\\udfff", "numRowsTotal": 1}],'
+        ' "sources": [{"description": "src\\ud800", "numInputRows": 1}]}'
+    )
+    book.on_progress(parse_progress(doc))
+    text = generate_latest(registry).decode("utf-8")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    (sample,) = families["wmwatch_query_up"].samples
+    assert sample.labels["query"].startswith("bad") and sample.labels["query"].endswith("name")
+
+
+def test_a_plugin_label_that_is_not_valid_utf8_does_not_break_the_scrape() -> None:
+    class Plugin(WatchPlugin):
+        name = "odd"
+
+        def collect(self) -> list[Metric]:
+            family = GaugeMetricFamily("wmwatch_test_odd", "A plugin gauge.", labels=["what"])
+            family.add_metric(["odd\ud800"], 1)
+            return [family]
+
+    registry = CollectorRegistry()
+    registry.register(
+        WatchCollector(
+            QueryBook(), Health(), queue_size=lambda: 0, queue_capacity=10, plugins=lambda: [Plugin()]
+        )
+    )
+    text = generate_latest(registry).decode("utf-8")
+    assert 'wmwatch_test_odd{what="odd' in text

@@ -114,7 +114,7 @@ def _run_twenty(spark: Any, tmp_path: Path, db: Path, port: int, queries: list[A
             for index in range(4):
                 queries.append(start_files(index))
             start_seconds = time.monotonic() - started_at
-            events_before = sum(watch.health.copy()["processed"].values())  # type: ignore[attr-defined]
+            events_before = sum(watch.health.copy().processed.values())
             begin = time.monotonic()
             restarted = False
             while time.monotonic() - begin < run_seconds:
@@ -135,14 +135,14 @@ def _run_twenty(spark: Any, tmp_path: Path, db: Path, port: int, queries: list[A
                         stopped.append(query)
                     queries = queries[4:] + [start_rate(16 + i) for i in range(4)]
             elapsed = time.monotonic() - begin
-            events_during = sum(watch.health.copy()["processed"].values()) - events_before  # type: ignore[attr-defined]
+            events_during = sum(watch.health.copy().processed.values()) - events_before
         finally:
             for query in queries:
                 query.stop()
         all_queries = stopped + queries
         # Spark's bus delivers asynchronously: the last progress comes before the termination
         deadline = time.monotonic() + 300  # generous: a wait, not a speed bound
-        while watch.health.copy()["received"].get("terminated", 0) < len(all_queries):  # type: ignore[attr-defined]
+        while watch.health.copy().received.get("terminated", 0) < len(all_queries):
             assert time.monotonic() < deadline, "not every termination reached wmwatch"
             time.sleep(0.1)
         assert watch.flush(timeout=300)
@@ -163,10 +163,10 @@ def _run_twenty(spark: Any, tmp_path: Path, db: Path, port: int, queries: list[A
             assert final_scrape[("wmwatch_query_up", label)] == 0
         names = {str(q.id): q.name for q in all_queries}
 
-    assert health["dropped"] == {}
-    assert health["errors"] == {}
-    assert health["received"]["terminated"] >= 24  # type: ignore[index]
-    assert health["received"].get("idle", 0) >= 4  # type: ignore[attr-defined]
+    assert health.dropped == {}
+    assert health.errors == {}
+    assert health.received["terminated"] >= 24
+    assert health.received.get("idle", 0) >= 4
 
     # every batch recorded exactly once, with Spark's own numbers
     total_batches = 0
@@ -265,10 +265,10 @@ def test_worker_handles_a_steady_feed_from_many_threads_exactly_once(tmp_path: P
         assert watch.flush(timeout=600)
         drained_seconds = time.perf_counter() - begin
         health = watch.health.copy()
-        assert health["dropped"] == {}
-        assert health["errors"] == {}
-        assert health["received"]["progress"] == sum(offered) == per_query * threads_n * per_thread_queries  # type: ignore[index]
-        assert health["processed"]["progress"] == sum(offered)  # type: ignore[index]
+        assert health.dropped == {}
+        assert health.errors == {}
+        assert health.received["progress"] == sum(offered) == per_query * threads_n * per_thread_queries
+        assert health.processed["progress"] == sum(offered)
         scraped = _scrape(watch.metrics_url)
         for group in names:
             for name in group:
@@ -285,9 +285,9 @@ def test_worker_handles_a_steady_feed_from_many_threads_exactly_once(tmp_path: P
                 watch._events.offer("terminated", {"id": name, "runId": "run-1", "exception": None})
         assert watch.flush(timeout=600)
         after = watch.health.copy()
-        assert after["errors"] == {}
-        assert after["dropped"] == {}
-        assert after["processed"] == after["received"]
+        assert after.errors == {}
+        assert after.dropped == {}
+        assert after.processed == after.received
         scraped = _scrape(watch.metrics_url)
         assert scraped[("wmwatch_query_up", (("query", "w0_q0"),))] == 0
 
@@ -345,19 +345,19 @@ def test_a_full_queue_drops_and_counts_and_never_blocks_the_listener(tmp_path: P
         assert sum(offered) == 3 * 5 * 400
         assert watch._events.size() == capacity and max_queue <= capacity
         held = watch.health.copy()
-        assert held["received"]["progress"] == 1 + sum(offered)  # type: ignore[index]
-        assert held["dropped"]["progress"] == sum(offered) - capacity  # type: ignore[index]
+        assert held.received["progress"] == 1 + sum(offered)
+        assert held.dropped["progress"] == sum(offered) - capacity
 
         holder.release.set()
         assert watch.flush(timeout=600)
         health = watch.health.copy()
         dropped_metric = watch.registry.get_sample_value("wmwatch_events_dropped_total", {"kind": "progress"})
-    processed = health["processed"]["progress"]  # type: ignore[index]
-    dropped = health["dropped"]["progress"]  # type: ignore[index]
+    processed = health.processed["progress"]
+    dropped = health.dropped["progress"]
     assert processed == 1 + capacity
-    assert processed + dropped == health["received"]["progress"]  # type: ignore[index]
+    assert processed + dropped == health.received["progress"]
     assert dropped_metric == dropped
-    assert health["errors"] == {}
+    assert health.errors == {}
     recorded = _db_rows(db, "SELECT count(*), count(DISTINCT (query_id, batch_id)) FROM batches")
     assert recorded == [(processed, processed)]
 

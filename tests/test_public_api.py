@@ -33,3 +33,13 @@ def test_every_error_is_a_wmwatch_error() -> None:
     }
     for name in errors:
         assert issubclass(getattr(wmwatch, name), wmwatch.WmwatchError)
+
+
+def test_errors_keep_the_builtin_bases_callers_catch() -> None:
+    # a report for an unknown query is a LookupError, a bad option or document a ValueError
+    assert issubclass(wmwatch.UnknownQueryError, LookupError)
+    assert issubclass(wmwatch.ConfigError, ValueError)
+    assert issubclass(wmwatch.ProgressParseError, ValueError)
+    assert issubclass(wmwatch.UnsupportedSourceError, wmwatch.AuditError)
+    error = wmwatch.UnknownQueryError("no query 'nope' in the history (known: orders)")
+    assert isinstance(error, wmwatch.WmwatchError) and "nope" in str(error)

@@ -192,7 +192,7 @@ def test_credentials_in_paths_and_names_are_never_stored_or_exported(spark: Any,
         progress_text = str(query.lastProgress)
         assert "hunter2" in progress_text  # Spark itself reports the path: wmwatch must not
         deadline = time.monotonic() + 20
-        while watch.health.copy()["received"].get("terminated", 0) < 1 and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        while watch.health.copy().received.get("terminated", 0) < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert watch.flush(timeout=30)
         assert watch.metrics_url is not None

@@ -170,7 +170,7 @@ def test_malformed_events_are_counted_and_the_worker_goes_on(spark: Any) -> None
         watch._events.offer("progress", json.dumps(good))
         assert watch.flush(timeout=10)
         health = watch.health.copy()
-        assert health["errors"] == {"parse:progress": 4, "parse:terminated": 1}
+        assert health.errors == {"parse:progress": 4, "parse:terminated": 1}
         assert watch.latest("q-ok") is not None and watch.latest("q-ok").batch_id == 3
 
 
@@ -206,7 +206,7 @@ def test_freshly_started_query_is_seen_through_the_py4j_listener(spark: Any, str
             while watch.latest("started_after_attach") is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert watch.flush(timeout=10)
-            assert watch.health.copy()["received"]["started"] >= 1
+            assert watch.health.copy().received["started"] >= 1
             assert watch.latest("started_after_attach").batch_id == query.lastProgress["batchId"]
         finally:
             query.stop()
