@@ -228,7 +228,8 @@ CASES = [
             Firing(
                 {"job": "wmwatch", "instance": "d:9108", "severity": "critical"},
                 "wmwatch endpoint d:9108 cannot be scraped",
-                "Prometheus could not scrape d:9108 (job wmwatch): none of its queries are monitored.",
+                "Prometheus could not scrape d:9108 (job wmwatch): none of its queries are "
+                "monitored.",
             )
         ],
     ),
@@ -236,7 +237,9 @@ CASES = [
         name="events dropped",
         alert="WmwatchEventsDropped",
         series={
-            'wmwatch_events_dropped_total{job="wmwatch",instance="d:9108",kind="progress"}': "0 0 0 4 4 4 4",
+            'wmwatch_events_dropped_total{job="wmwatch",instance="d:9108",kind="progress"}': (
+                "0 0 0 4 4 4 4"
+            ),
             'wmwatch_events_dropped_total{job="wmwatch",instance="d:9108",kind="idle"}': "0x6",
             'wmwatch_events_dropped_total{job="wmwatch",instance="e:9108",kind="progress"}': "0x6",
         },
@@ -255,15 +258,12 @@ CASES = [
         name="listener errors",
         alert="WmwatchListenerErrors",
         series={
-            'wmwatch_listener_errors_total{job="wmwatch",instance="d:9108",stage="parse:progress"}': (
-                "0 0 0 2 2 2"
-            ),
-            'wmwatch_listener_errors_total{job="wmwatch",instance="d:9108",stage="handle:progress"}': (
-                "0x5"
-            ),
-            'wmwatch_listener_errors_total{job="wmwatch",instance="e:9108",stage="parse:progress"}': (
-                "0x5"
-            ),
+            'wmwatch_listener_errors_total{job="wmwatch",instance="d:9108",'
+            'stage="parse:progress"}': "0 0 0 2 2 2",
+            'wmwatch_listener_errors_total{job="wmwatch",instance="d:9108",'
+            'stage="handle:progress"}': "0x5",
+            'wmwatch_listener_errors_total{job="wmwatch",instance="e:9108",'
+            'stage="parse:progress"}': "0x5",
         },
         quiet_at=["1m"],
         fires_at="4m",

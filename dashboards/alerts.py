@@ -146,8 +146,10 @@ def rules(p: Profile) -> list[Rule]:
     events_dropped = (
         f"sum without (kind) (increase(wmwatch_events_dropped_total[{p.health_window}]))"
     )
-    # wmwatch exports its known error stages (receive, parse, handle per event kind) at 0 from
-    # the start, so the signal exists while all is well; kept per stage for the description.
+    # One series per stage, kept apart for the description. The event stages (receive, parse
+    # and handle, per event kind) are exported at 0 from the start, so their first error shows in
+    # increase(); the others (seed, spark_bus, plugin:<name>, collect:<name>) appear with their
+    # first error, which increase() cannot see: for those, the alert fires from the second one.
     listener_errors = f"increase(wmwatch_listener_errors_total[{p.health_window}])"
     return [
         Rule(
@@ -156,10 +158,14 @@ def rules(p: Profile) -> list[Rule]:
             signal="wmwatch_watermark_lag_seconds",
             for_=p.lag_for,
             severity="warning",
-            summary="Watermark of {{ $labels.query }} trails the clock by {{ $value | humanizeDuration }}",
+            summary=(
+                "Watermark of {{ $labels.query }} trails the clock by "
+                "{{ $value | humanizeDuration }}"
+            ),
             description=(
                 "Batch time minus watermark of query {{ $labels.query }} has been above "
-                f"{p.lag_threshold_seconds}s for {p.lag_for}: windows close and results arrive late."
+                f"{p.lag_threshold_seconds}s for {p.lag_for}: windows close and results arrive "
+                "late."
             ),
             runbook=(
                 "Open the query drill-down. If event time max trails the clock too, the input is "
@@ -184,8 +190,8 @@ def rules(p: Profile) -> list[Rule]:
                 f"{p.stall_window} but its watermark did not move."
             ),
             runbook=(
-                "All new rows are older than the watermark (a replay or a stuck producer clock), or "
-                "one input of a multi-source query is idle and holds the min watermark (see "
+                "All new rows are older than the watermark (a replay or a stuck producer clock), "
+                "or one input of a multi-source query is idle and holds the min watermark (see "
                 "'Source holding back the watermark'; consider "
                 "spark.sql.streaming.multipleWatermarkPolicy=max or a heartbeat). Check "
                 "`wmwatch report` for late-row findings."
@@ -224,7 +230,8 @@ def rules(p: Profile) -> list[Rule]:
             ),
             runbook=(
                 "Give both inputs a withWatermark and add an event-time condition to the join "
-                "(a range such as `r.ts BETWEEN l.ts - INTERVAL 1 HOUR AND l.ts + INTERVAL 1 HOUR`, "
+                "(a range such as "
+                "`r.ts BETWEEN l.ts - INTERVAL 1 HOUR AND l.ts + INTERVAL 1 HOUR`, "
                 "or equality on a window); a one-sided range cleans only one side. Restart the "
                 "query from a new checkpoint after the change. `wmwatch report` shows the plan's "
                 "cleanup predicates."
@@ -260,7 +267,10 @@ def rules(p: Profile) -> list[Rule]:
             signal=silent,
             for_=p.silent_for,
             severity="critical",
-            summary="{{ $labels.query }} reported nothing (no progress, no idle event) for {{ $value | humanizeDuration }}",
+            summary=(
+                "{{ $labels.query }} reported nothing (no progress, no idle event) for "
+                "{{ $value | humanizeDuration }}"
+            ),
             description=(
                 "Query {{ $labels.query }} is running but no batch completed for more than "
                 f"{p.silent_after_seconds}s."
@@ -295,7 +305,9 @@ def rules(p: Profile) -> list[Rule]:
             signal=events_dropped,
             for_=p.health_for,
             severity="warning",
-            summary="wmwatch on {{ $labels.instance }} dropped {{ $value | humanize }} listener events",
+            summary=(
+                "wmwatch on {{ $labels.instance }} dropped {{ $value | humanize }} listener events"
+            ),
             description=(
                 "The event queue was full: progress events were lost, so history, metrics and "
                 "the late-row audit have gaps."
@@ -313,7 +325,9 @@ def rules(p: Profile) -> list[Rule]:
             for_=p.health_for,
             severity="warning",
             summary="wmwatch on {{ $labels.instance }} fails to handle events",
-            description="Errors while receiving or handling listener events (stage {{ $labels.stage }}).",
+            description=(
+                "Errors while receiving or handling listener events (stage {{ $labels.stage }})."
+            ),
             runbook=(
                 "The driver log has each error with its stack trace (logger 'wmwatch'). The query "
                 "itself is not affected; file a bug with the progress JSON if the parser failed."
@@ -326,7 +340,9 @@ def rules(p: Profile) -> list[Rule]:
             for_=p.store_down_for,
             severity="warning",
             summary="wmwatch history store on {{ $labels.instance }} cannot be written",
-            description="Writes to the DuckDB history fail; they are retried and kept in memory meanwhile.",
+            description=(
+                "Writes to the DuckDB history fail; they are retried and kept in memory meanwhile."
+            ),
             runbook=(
                 "Check disk space and permissions of the DuckDB file, and whether another process "
                 "holds it open for writing (readers must use `wmwatch report`, which opens it "

@@ -123,7 +123,9 @@ def build() -> dashboard_models.Dashboard:
     return assemble(
         uid=UID,
         title="wmwatch / Streaming queries overview",
-        description="Watermark lag, throughput, late rows, state and health of every watched query.",
+        description=(
+            "Watermark lag, throughput, late rows, state and health of every watched query."
+        ),
         multi_query=True,
         rows=[
             (

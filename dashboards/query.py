@@ -71,7 +71,8 @@ def audited_late_rows() -> PanelBuilder:
         "short",
         [
             Target(
-                f"sum by (query) (increase(wmwatch_late_rows_audited_total{{{QUERY}}}[$__rate_interval]))",
+                "sum by (query) "
+                f"(increase(wmwatch_late_rows_audited_total{{{QUERY}}}[$__rate_interval]))",
                 "late rows found by audit",
             )
         ],
@@ -178,7 +179,9 @@ def batch_phases() -> PanelBuilder:
         "Batch phases",
         "s",
         [Target(f"wmwatch_batch_phase_duration_seconds{{{QUERY}}}", "{{phase}}")],
-        description="Where each batch's time went (addBatch, getBatch, queryPlanning, walCommit, ...).",
+        description=(
+            "Where each batch's time went (addBatch, getBatch, queryPlanning, walCommit, ...)."
+        ),
         stacked=True,
         bars=True,
     )
@@ -221,7 +224,9 @@ def build() -> dashboard_models.Dashboard:
     return assemble(
         uid=UID,
         title="wmwatch / Query drill-down",
-        description="One query's watermark, lateness, operators, sources, state, batches and audit.",
+        description=(
+            "One query's watermark, lateness, operators, sources, state, batches and audit."
+        ),
         multi_query=False,
         rows=[
             ("Watermark and lateness", [watermark_vs_event_time(), watermark_lag(), lateness()]),
