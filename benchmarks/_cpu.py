@@ -97,7 +97,11 @@ def jvm_thread_names(pid: int) -> dict[int, str]:
     """
     try:
         out = subprocess.run(
-            ["jcmd", str(pid), "Thread.print"], capture_output=True, text=True, timeout=60, check=False
+            ["jcmd", str(pid), "Thread.print"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}

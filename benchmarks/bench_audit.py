@@ -218,8 +218,9 @@ def storm(rows: int) -> None:
         f"({status['late_rows'] - status['late_rows_over_cap']:,} kept in DuckDB, all in Parquet) "
         f"in {result['audit_after_commit_seconds']:.1f} s after the batch committed = "
         f"{result['audit_rows_per_second']:,} rows/s; the query's own batch took "
-        f"{result['query_seconds']:.1f} s; driver Python RSS {result['rss_baseline_bytes'] / mib:.0f} "
-        f"MiB before, peak {result['rss_peak_bytes'] / mib:.0f} MiB "
+        f"{result['query_seconds']:.1f} s; driver Python RSS "
+        f"{result['rss_baseline_bytes'] / mib:.0f} MiB before, "
+        f"peak {result['rss_peak_bytes'] / mib:.0f} MiB "
         f"(+{(result['rss_peak_bytes'] - result['rss_baseline_bytes']) / mib:.0f} MiB)"
     )
 
@@ -258,7 +259,8 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="wmwatch-bench-audit-"))
     try:
         print(
-            f"input: {args.files} JSON files x {args.rows} rows, one file per batch; load avg {os.getloadavg()[0]:.1f}"
+            f"input: {args.files} JSON files x {args.rows} rows, one file per batch; "
+            f"load avg {os.getloadavg()[0]:.1f}"
         )
         for late_fraction in (0.0, 0.01) if args.only in (None, "throughput") else ():
             folder = base / f"late{late_fraction}"
@@ -278,17 +280,19 @@ def main() -> None:
             on_rate = sum(on_rates) / len(on_rates)
             status = last["status"]
             print(
-                f"late {late_fraction:.0%}: audit off {off_rate:,.0f} rows/s, on {on_rate:,.0f} rows/s, "
+                f"late {late_fraction:.0%}: audit off {off_rate:,.0f} rows/s, "
+                f"on {on_rate:,.0f} rows/s, "
                 f"ratio {on_rate / off_rate:.2f}; late rows in input {late_rows}, audited "
                 f"{status['late_rows']}; batches replayed {status['batches_replayed']}, skipped "
-                f"{status['batches_skipped']}; replay time {status['replay_seconds']:.1f} s; audit caught "
-                f"up {last['caught_up_seconds']:.1f} s after the query finished"
+                f"{status['batches_skipped']}; replay time {status['replay_seconds']:.1f} s; "
+                f"audit caught up {last['caught_up_seconds']:.1f} s after the query finished"
             )
         for sink in ("duckdb", "parquet") if args.only in (None, "rate") else ():
             audit_rate(spark, base, args.rate_rows // 10, sink)  # warm-up
             late, seconds = audit_rate(spark, base, args.rate_rows, sink)
             print(
-                f"audit write rate into {sink}: {late:,} late rows in {seconds:.1f} s = {late / seconds:,.0f} rows/s"
+                f"audit write rate into {sink}: {late:,} late rows in {seconds:.1f} s = "
+                f"{late / seconds:,.0f} rows/s"
             )
     finally:
         spark.stop()

@@ -62,14 +62,26 @@ def write_files(folder: Path, files: int, rows: int, start_second: int = 0) -> N
         lines = []
         for r in range(rows):
             second = start_second + f * 2 + (r % 3)
-            lines.append(json.dumps({"ts": f"2026-01-01T{second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}Z",
-                                     "user": f"u{r % 50}", "amount": r}))
+            lines.append(
+                json.dumps(
+                    {
+                        "ts": (
+                            f"2026-01-01T{second // 3600:02d}:{second // 60 % 60:02d}:"
+                            f"{second % 60:02d}Z"
+                        ),
+                        "user": f"u{r % 50}",
+                        "amount": r,
+                    }
+                )
+            )
         tmp = folder.parent / f".tmp-{f}"
         tmp.write_text("\n".join(lines) + "\n")
         os.replace(tmp, folder / f"part-{start_second}-{f:05d}.json")
 
 
-def windowed(spark: Any, folder: Path, checkpoint: Path, *, max_files: int, trigger: dict[str, Any]) -> Any:
+def windowed(
+    spark: Any, folder: Path, checkpoint: Path, *, max_files: int, trigger: dict[str, Any]
+) -> Any:
     from pyspark.sql import functions as F
 
     events = (
@@ -80,14 +92,16 @@ def windowed(spark: Any, folder: Path, checkpoint: Path, *, max_files: int, trig
     )
     agg = events.groupBy(F.window("ts", "10 seconds"), "user").agg(F.sum("amount"))
     return (
-        agg.writeStream.outputMode("append").format("noop")
-        .option("checkpointLocation", str(checkpoint)).trigger(**trigger).start()
+        agg.writeStream.outputMode("append")
+        .format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(**trigger)
+        .start()
     )
 
 
 def bench_event_cost(spark: Any, work: Path, events: int) -> dict[str, float]:
-    from pyspark.sql.streaming import StreamingQueryListener
-    from pyspark.sql.streaming.listener import JStreamingQueryListener
+    from pyspark.sql.streaming.listener import JStreamingQueryListener, StreamingQueryListener
 
     folder = work / "cost-in"
     folder.mkdir()
@@ -96,10 +110,12 @@ def bench_event_cost(spark: Any, work: Path, events: int) -> dict[str, float]:
     query.awaitTermination()
     jprogress = query._jsq.lastProgress()
     jvm = spark.sparkContext._jvm
-    event_class = getattr(jvm.org.apache.spark.sql.streaming, "StreamingQueryListener$QueryProgressEvent")
+    event_class = getattr(
+        jvm.org.apache.spark.sql.streaming, "StreamingQueryListener$QueryProgressEvent"
+    )
     jevent = event_class(jprogress)
 
-    class Noop(StreamingQueryListener):  # type: ignore[misc]
+    class Noop(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None: ...
         def onQueryProgress(self, event: Any) -> None: ...
         def onQueryIdle(self, event: Any) -> None: ...
@@ -167,14 +183,20 @@ def bench_throughput(spark: Any, work: Path, files: int, rounds: int) -> dict[st
     cpu: dict[str, list[CpuUse]] = {"without": [], "with": []}
     pid = jvm_pid(spark)
     names = jvm_thread_names(pid) if pid is not None else {}
-    order = [m for r in range(rounds) for m in (("without", "with") if r % 2 == 0 else ("with", "without"))]
+    order = [
+        m
+        for r in range(rounds)
+        for m in (("without", "with") if r % 2 == 0 else ("with", "without"))
+    ]
     for index, mode in enumerate(["without", "with", *order]):
         watch = None
         if mode == "with":
             watch = wmwatch.attach(spark, db=str(work / f"tp-{index}.duckdb"), metrics_port=None)
         before = CpuSnapshot.take(pid)
         t0 = time.perf_counter()
-        query = windowed(spark, folder, work / f"tp-ck-{index}", max_files=2, trigger={"availableNow": True})
+        query = windowed(
+            spark, folder, work / f"tp-ck-{index}", max_files=2, trigger={"availableNow": True}
+        )
         query.awaitTermination()
         elapsed = time.perf_counter() - t0
         after = CpuSnapshot.take(pid)  # before close: wmwatch's threads are still alive
@@ -215,15 +237,22 @@ def print_cpu(tp: dict[str, Any]) -> None:
         print("   CPU per thread: unavailable (no /proc)")
         return
     extra = with_.python_total - without.python_total
-    print(f"   CPU seconds per run, with wmwatch (without): python process {with_.python_total:.3f} "
-          f"({without.python_total:.3f}), driver JVM {with_.jvm_total:.2f} ({without.jvm_total:.2f})")
-    print(f"   wmwatch in python: {extra:.3f} CPU s per run = {extra / tp['seconds_with']:.1%} of one core "
-          f"over the run's {tp['seconds_with']:.1f} s")
+    print(
+        f"   CPU seconds per run, with wmwatch (without): python process {with_.python_total:.3f} "
+        f"({without.python_total:.3f}), driver JVM {with_.jvm_total:.2f} ({without.jvm_total:.2f})"
+    )
+    print(
+        f"   wmwatch in python: {extra:.3f} CPU s per run = "
+        f"{extra / tp['seconds_with']:.1%} of one core "
+        f"over the run's {tp['seconds_with']:.1f} s"
+    )
 
     def rows(side: str, a: dict[str, float], b: dict[str, float], pick: Any) -> None:
         for group in sorted(set(a) | set(b), key=lambda g: -a.get(g, 0.0)):
             if pick(group) and max(a.get(group, 0.0), b.get(group, 0.0)) >= 0.001:
-                print(f"     {side:<6} {group:<40} {a.get(group, 0.0):7.3f} ({b.get(group, 0.0):.3f})")
+                print(
+                    f"     {side:<6} {group:<40} {a.get(group, 0.0):7.3f} ({b.get(group, 0.0):.3f})"
+                )
 
     rows("python", with_.python, without.python, lambda g: True)
     # the JVM threads wmwatch drives; the rest (tasks, JIT, GC) is the query's and in the totals
@@ -249,7 +278,13 @@ def bench_freshness(spark: Any, work: Path, seconds: float) -> dict[str, float]:
     port = port_sock.getsockname()[1]
     port_sock.close()
     watch = wmwatch.attach(spark, db=str(work / "fresh.duckdb"), metrics_port=port)
-    query = windowed(spark, folder, work / "fresh-ck", max_files=1, trigger={"processingTime": "100 milliseconds"})
+    query = windowed(
+        spark,
+        folder,
+        work / "fresh-ck",
+        max_files=1,
+        trigger={"processingTime": "100 milliseconds"},
+    )
     seen_at: dict[int, float] = {}
     deadline = time.time() + seconds
     url = watch.metrics_url
@@ -290,28 +325,52 @@ def bench_freshness(spark: Any, work: Path, seconds: float) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="throughput rounds, two runs each (default 8; 2 with --quick)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="throughput rounds, two runs each (default 8; 2 with --quick)",
+    )
     args = parser.parse_args()
     print_machine()
     work = Path(tempfile.mkdtemp(prefix="wmwatch-bench-"))
     spark = session()
     try:
         cost = bench_event_cost(spark, work, events=20 if args.quick else 60)
-        print(f"1. per progress event: stock listener (no-op) {cost['stock_ms']:.2f} ms, "
-              f"wmwatch callback {cost['wmwatch_callback_ms']:.2f} ms + worker {cost['wmwatch_worker_ms']:.2f} ms "
-              f"-> wmwatch {cost['ratio']:.1f}x cheaper")
-        tp = bench_throughput(spark, work, files=40 if args.quick else 80, rounds=args.rounds or (2 if args.quick else 8))
-        print(f"2. throughput ({tp['runs']} runs alternated): without {tp['rows_per_s_without']:.0f} rows/s, "
-              f"with wmwatch {tp['rows_per_s_with']:.0f} rows/s -> ratio {tp['ratio']:.3f}")
-        print(f"   plan checks during those runs: {tp['plan_inspections']:.0f} plan walks, median "
-              f"{tp['plan_inspect_ms']:.1f} ms; {tp['plan_reads']:.0f} watermark reads, median {tp['plan_read_ms']:.1f} ms")
+        print(
+            f"1. per progress event: stock listener (no-op) {cost['stock_ms']:.2f} ms, "
+            f"wmwatch callback {cost['wmwatch_callback_ms']:.2f} ms "
+            f"+ worker {cost['wmwatch_worker_ms']:.2f} ms "
+            f"-> wmwatch {cost['ratio']:.1f}x cheaper"
+        )
+        tp = bench_throughput(
+            spark,
+            work,
+            files=40 if args.quick else 80,
+            rounds=args.rounds or (2 if args.quick else 8),
+        )
+        print(
+            f"2. throughput ({tp['runs']} runs alternated): "
+            f"without {tp['rows_per_s_without']:.0f} rows/s, "
+            f"with wmwatch {tp['rows_per_s_with']:.0f} rows/s -> ratio {tp['ratio']:.3f}"
+        )
+        print(
+            f"   plan checks during those runs: {tp['plan_inspections']:.0f} plan walks, median "
+            f"{tp['plan_inspect_ms']:.1f} ms; {tp['plan_reads']:.0f} watermark reads, "
+            f"median {tp['plan_read_ms']:.1f} ms"
+        )
         print_cpu(tp)
         fr = bench_freshness(spark, work, seconds=10 if args.quick else 30)
-        print(f"3. freshness over {fr['batches']} batches ({fr['batches_per_second']:.1f} batches/s): "
-              f"p50 {fr['p50_s']*1000:.0f} ms, p99 {fr['p99_s']*1000:.0f} ms, max {fr['max_s']*1000:.0f} ms")
+        print(
+            f"3. freshness over {fr['batches']} batches "
+            f"({fr['batches_per_second']:.1f} batches/s): "
+            f"p50 {fr['p50_s'] * 1000:.0f} ms, p99 {fr['p99_s'] * 1000:.0f} ms, "
+            f"max {fr['max_s'] * 1000:.0f} ms"
+        )
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)

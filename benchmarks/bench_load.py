@@ -42,8 +42,10 @@ def run_rate(rate: float, seconds: float, work: Path) -> dict[str, Any]:
     watch = wmwatch.attach(NoQueriesSession(), db=str(db), metrics_port=None, listener="stock")
     per_thread = int((rate or 20_000) * seconds / THREADS)
     payloads = [
-        [progress_event_json(f"t{t}q{i % QUERIES_PER_THREAD}", i // QUERIES_PER_THREAD)
-         for i in range(per_thread)]
+        [
+            progress_event_json(f"t{t}q{i % QUERIES_PER_THREAD}", i // QUERIES_PER_THREAD)
+            for i in range(per_thread)
+        ]
         for t in range(THREADS)
     ]
 
@@ -74,9 +76,15 @@ def run_rate(rate: float, seconds: float, work: Path) -> dict[str, Any]:
     rss_after = rss_bytes()
     watch.close()
     return {
-        "rate": rate, "offered": per_thread * THREADS, "handled": handled, "dropped": dropped,
-        "offered_seconds": offered_seconds, "handled_per_second": handled / total_seconds,
-        "queue_max": queue_max, "rss_before": rss_before, "rss_after": rss_after,
+        "rate": rate,
+        "offered": per_thread * THREADS,
+        "handled": handled,
+        "dropped": dropped,
+        "offered_seconds": offered_seconds,
+        "handled_per_second": handled / total_seconds,
+        "queue_max": queue_max,
+        "rss_before": rss_before,
+        "rss_after": rss_after,
         "db_bytes": db.stat().st_size,
     }
 
@@ -134,24 +142,37 @@ def per_event_costs(events: int = 5000) -> dict[str, float]:
 
 def main() -> None:
     print_machine()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rates", default="500,1000,2000,4000")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
-        print(f"{THREADS} feeder threads, {THREADS * QUERIES_PER_THREAD} queries, {args.seconds:g} s per rate")
-        print(f"{'offered/s':>10} {'handled':>8} {'dropped':>8} {'handled/s':>10} {'queue max':>9} {'RSS MB':>14}")
+        print(
+            f"{THREADS} feeder threads, {THREADS * QUERIES_PER_THREAD} queries, "
+            f"{args.seconds:g} s per rate"
+        )
+        print(
+            f"{'offered/s':>10} {'handled':>8} {'dropped':>8} {'handled/s':>10} "
+            f"{'queue max':>9} {'RSS MB':>14}"
+        )
         for rate in [float(r) for r in args.rates.split(",")] + [0.0]:
             r = run_rate(rate, args.seconds, work)
             label = f"{rate:.0f}" if rate else "max"
-            print(f"{label:>10} {r['handled']:>8} {r['dropped']:>8} {r['handled_per_second']:>10.0f} "
-                  f"{r['queue_max']:>9} {r['rss_before'] / 1e6:>6.1f}->{r['rss_after'] / 1e6:<6.1f}")
+            print(
+                f"{label:>10} {r['handled']:>8} {r['dropped']:>8} {r['handled_per_second']:>10.0f} "
+                f"{r['queue_max']:>9} {r['rss_before'] / 1e6:>6.1f}->{r['rss_after'] / 1e6:<6.1f}"
+            )
     costs = per_event_costs()
     print("\nper progress event on the worker (the progress above, compact, best of 3):")
     for step, micros in costs.items():
         print(f"  {step:<18} {micros:>7.1f} us")
-    print(f"  {'total':<18} {sum(costs.values()):>7.1f} us = {1e6 / sum(costs.values()):,.0f} events/s on one core")
+    print(
+        f"  {'total':<18} {sum(costs.values()):>7.1f} us = "
+        f"{1e6 / sum(costs.values()):,.0f} events/s on one core"
+    )
 
 
 if __name__ == "__main__":

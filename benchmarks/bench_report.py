@@ -33,18 +33,23 @@ _PROGRESS_SQL = """
 ',"inputRowsPerSecond":' || round(b.input_rows / 2.0, 1) ||
 ',"processedRowsPerSecond":' || round(b.input_rows / 0.4, 1) ||
 ',"durationMs":{"addBatch":' || (150 + b.i % 250) || ',"commitOffsets":12,"getBatch":3,' ||
-'"latestOffset":9,"queryPlanning":21,"triggerExecution":' || (200 + b.i % 300) || ',"walCommit":14},' ||
-'"eventTime":{"avg":"' || strftime(b.watermark_at + INTERVAL 40 SECOND, '%Y-%m-%dT%H:%M:%S.%g') ||
+'"latestOffset":9,"queryPlanning":21,"triggerExecution":' || (200 + b.i % 300) ||
+',"walCommit":14},' ||
+'"eventTime":{"avg":"' ||
+strftime(b.watermark_at + INTERVAL 40 SECOND, '%Y-%m-%dT%H:%M:%S.%g') ||
 'Z","max":"' || strftime(b.watermark_at + INTERVAL 60 SECOND, '%Y-%m-%dT%H:%M:%S.%g') ||
 'Z","min":"' || strftime(b.watermark_at - INTERVAL 5 SECOND, '%Y-%m-%dT%H:%M:%S.%g') ||
 'Z","watermark":"' || strftime(b.watermark_at, '%Y-%m-%dT%H:%M:%S.%g') || 'Z"},' ||
 '"stateOperators":[{"operatorName":"stateStoreSave","numRowsTotal":' || b.state_rows ||
-',"numRowsUpdated":' || (b.input_rows % 50) || ',"allUpdatesTimeMs":4,"numRowsRemoved":' || (b.i % 7) ||
+',"numRowsUpdated":' || (b.input_rows % 50) ||
+',"allUpdatesTimeMs":4,"numRowsRemoved":' || (b.i % 7) ||
 ',"allRemovalsTimeMs":1,"commitTimeMs":38,"memoryUsedBytes":' || b.state_bytes ||
-',"numRowsDroppedByWatermark":' || b.dropped || ',"numShufflePartitions":2,"numStateStoreInstances":2,' ||
+',"numRowsDroppedByWatermark":' || b.dropped ||
+',"numShufflePartitions":2,"numStateStoreInstances":2,' ||
 '"customMetrics":{"loadedMapCacheHitCount":' || (b.i * 2) || ',"loadedMapCacheMissCount":0,' ||
 '"stateOnCurrentVersionSizeBytes":' || (b.state_bytes / 2)::BIGINT || '}}],' ||
-'"sources":[{"description":"FileStreamSource[file:/data/events/' || q.name || ']","startOffset":{"logOffset":' ||
+'"sources":[{"description":"FileStreamSource[file:/data/events/' || q.name ||
+']","startOffset":{"logOffset":' ||
 b.i || '},"endOffset":{"logOffset":' || (b.i + 1) || '},"latestOffset":null,"numInputRows":' ||
 b.input_rows || ',"inputRowsPerSecond":' || round(b.input_rows / 2.0, 1) ||
 ',"processedRowsPerSecond":' || round(b.input_rows / 0.4, 1) || '}],' ||
@@ -72,11 +77,13 @@ def build_history(path: Path, *, batches: int, queries: int = 4) -> None:
             CREATE TEMP TABLE b AS
             SELECT q.query_id, i,
                    TIMESTAMPTZ '2026-01-01 00:00:00+00' + to_seconds(i * 2.0) AS batch_at,
-                   TIMESTAMPTZ '2026-01-01 00:00:00+00' + to_seconds(i * 2.0 - 600 - (i % 37)) AS watermark_at,
+                   TIMESTAMPTZ '2026-01-01 00:00:00+00'
+                       + to_seconds(i * 2.0 - 600 - (i % 37)) AS watermark_at,
                    (100 + hash(i, q.n) % 900)::BIGINT AS input_rows,
                    (1000 + i // 10 + hash(q.n, i) % 50)::BIGINT AS state_rows,
                    (1000000 + i * 10 + hash(i) % 4096)::BIGINT AS state_bytes,
-                   (CASE WHEN hash(i, q.n, 7) % 20 = 0 THEN 1 + hash(i) % 5 ELSE 0 END)::BIGINT AS dropped
+                   (CASE WHEN hash(i, q.n, 7) % 20 = 0 THEN 1 + hash(i) % 5 ELSE 0 END)::BIGINT
+                       AS dropped
             FROM q, range({per_query}) r(i)
             """
         )
@@ -130,10 +137,14 @@ def build_history(path: Path, *, batches: int, queries: int = 4) -> None:
             SELECT b.query_id, q.name, q.run_id, b.i,
                    b.watermark_at - to_seconds(1 + hash(b.i, 3) % 300),
                    b.watermark_at - INTERVAL 2 SECOND,
-                   epoch(b.watermark_at) - epoch(b.watermark_at - to_seconds(1 + hash(b.i, 3) % 300)),
-                   time_bucket(INTERVAL 1 MINUTE, b.watermark_at - to_seconds(1 + hash(b.i, 3) % 300)),
-                   time_bucket(INTERVAL 1 MINUTE, b.watermark_at - to_seconds(1 + hash(b.i, 3) % 300))
-                       + INTERVAL 1 MINUTE,
+                   epoch(b.watermark_at)
+                       - epoch(b.watermark_at - to_seconds(1 + hash(b.i, 3) % 300)),
+                   time_bucket(
+                       INTERVAL 1 MINUTE, b.watermark_at - to_seconds(1 + hash(b.i, 3) % 300)
+                   ),
+                   time_bucket(
+                       INTERVAL 1 MINUTE, b.watermark_at - to_seconds(1 + hash(b.i, 3) % 300)
+                   ) + INTERVAL 1 MINUTE,
                    'window', 'file:///data/events/part-' || (b.i % 13) || '.json',
                    '{"user": "u1"}', b.batch_at + INTERVAL 3 SECOND
             FROM b JOIN q USING (query_id), range(b.dropped) t(k)
@@ -156,7 +167,8 @@ def build_history(path: Path, *, batches: int, queries: int = 4) -> None:
                    'join_state_unbounded', 'critical', 'active',
                    'left state grows every batch and is never cleaned', '{}',
                    'add a watermark and a time-range condition on both sides',
-                   TIMESTAMPTZ '2026-01-01 00:10:00+00', TIMESTAMPTZ '2026-01-01 02:00:00+00', 10, 900, 80
+                   TIMESTAMPTZ '2026-01-01 00:10:00+00', TIMESTAMPTZ '2026-01-01 02:00:00+00',
+                   10, 900, 80
             FROM q WHERE n = 2
             """
         )
@@ -214,7 +226,8 @@ def main() -> int:
         size_mib = db.stat().st_size / 2**20
         print(
             f"history: {args.batches:,} batches, {size_mib:.1f} MiB "
-            f"({size_mib / args.batches * 1000:.2f} MiB per 1,000 batches), built in {build_seconds:.1f} s"
+            f"({size_mib / args.batches * 1000:.2f} MiB per 1,000 batches), "
+            f"built in {build_seconds:.1f} s"
         )
         rows = []
         for fmt in ("table", "json", "csv"):
@@ -226,7 +239,8 @@ def main() -> int:
         rows.append(("subprocess python -m wmwatch.cli (json)", sub, sub))
         print()
         print(
-            f"{'wmwatch report over ' + format(args.batches, ',') + ' batches':<46} {'median':>8} {'max':>8}  target"
+            f"{'wmwatch report over ' + format(args.batches, ',') + ' batches':<46} "
+            f"{'median':>8} {'max':>8}  target"
         )
         for label, median, worst in rows:
             verdict = "ok" if worst < TARGET_SECONDS else "SLOW"
