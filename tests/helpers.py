@@ -16,8 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 _counter = iter(range(10**9))
 
 
-def write_events(folder: Path, rows: Iterable[Mapping[str, Any]], *, name: str | None = None) -> Path:
-    """Write one JSON-lines file atomically (write then rename) so a stream never sees half a file."""
+def write_events(
+    folder: Path, rows: Iterable[Mapping[str, Any]], *, name: str | None = None
+) -> Path:
+    """Write one JSON-lines file atomically (write, then rename): no stream sees half a file."""
     index = next(_counter)
     final = folder / (name or f"part-{index:05d}.json")
     tmp = folder.parent / f".{final.name}.tmp"

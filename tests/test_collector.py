@@ -1,4 +1,4 @@
-"""Query book and collector without a JVM: counters, retries, gaps, and forgetting stopped queries."""
+"""Query book and collector without a JVM: counters, retries, gaps, forgetting stopped queries."""
 
 from __future__ import annotations
 
@@ -23,14 +23,31 @@ class Clock:
         return self.now
 
 
-def progress(batch: int, *, run: str = "r1", rows: int = 10, dropped: int = 1, wm: str = "2026-01-01T00:00:10.000Z") -> Any:
+def progress(
+    batch: int,
+    *,
+    run: str = "r1",
+    rows: int = 10,
+    dropped: int = 1,
+    wm: str = "2026-01-01T00:00:10.000Z",
+) -> Any:
     return parse_progress(
         {
-            "id": "q1", "runId": run, "name": "orders", "batchId": batch,
-            "timestamp": "2026-01-01T00:01:00.000Z", "numInputRows": rows,
+            "id": "q1",
+            "runId": run,
+            "name": "orders",
+            "batchId": batch,
+            "timestamp": "2026-01-01T00:01:00.000Z",
+            "numInputRows": rows,
             "eventTime": {"watermark": wm, "max": "2026-01-01T00:00:30.000Z"},
-            "stateOperators": [{"operatorName": "stateStoreSave", "numRowsTotal": 5,
-                                "numRowsDroppedByWatermark": dropped, "numRowsRemoved": 2}],
+            "stateOperators": [
+                {
+                    "operatorName": "stateStoreSave",
+                    "numRowsTotal": 5,
+                    "numRowsDroppedByWatermark": dropped,
+                    "numRowsRemoved": 2,
+                }
+            ],
         }
     )
 
@@ -66,9 +83,13 @@ def test_missing_progress_events_are_counted() -> None:
     book, registry = make(Clock())
     book.on_progress(progress(0))
     book.on_progress(progress(4))
-    assert registry.get_sample_value("wmwatch_progress_events_missed_total", {"query": "orders"}) == 3
+    assert (
+        registry.get_sample_value("wmwatch_progress_events_missed_total", {"query": "orders"}) == 3
+    )
     book.on_progress(progress(5, run="r2"))  # a new run may start anywhere: not a gap
-    assert registry.get_sample_value("wmwatch_progress_events_missed_total", {"query": "orders"}) == 3
+    assert (
+        registry.get_sample_value("wmwatch_progress_events_missed_total", {"query": "orders"}) == 3
+    )
 
 
 def test_stopped_queries_are_kept_for_a_while_then_forgotten() -> None:
@@ -138,7 +159,11 @@ def test_a_plugin_label_that_is_not_valid_utf8_does_not_break_the_scrape() -> No
     registry = CollectorRegistry()
     registry.register(
         WatchCollector(
-            QueryBook(), Health(), queue_size=lambda: 0, queue_capacity=10, plugins=lambda: [Plugin()]
+            QueryBook(),
+            Health(),
+            queue_size=lambda: 0,
+            queue_capacity=10,
+            plugins=lambda: [Plugin()],
         )
     )
     text = generate_latest(registry).decode("utf-8")

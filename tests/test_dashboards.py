@@ -33,7 +33,8 @@ BRIEF_METRICS = {
     "wmwatch_batch_phase_duration_seconds", "wmwatch_batches_total",
     "wmwatch_rows_dropped_by_watermark_total", "wmwatch_state_rows",
     "wmwatch_state_rows_removed_total", "wmwatch_state_memory_bytes",
-    "wmwatch_last_progress_timestamp_seconds", "wmwatch_last_event_timestamp_seconds", "wmwatch_query_up", "wmwatch_query_failed",
+    "wmwatch_last_progress_timestamp_seconds", "wmwatch_last_event_timestamp_seconds",
+    "wmwatch_query_up", "wmwatch_query_failed",
     "wmwatch_query_info", "wmwatch_events_received_total", "wmwatch_events_dropped_total",
     "wmwatch_listener_errors_total", "wmwatch_event_queue_size", "wmwatch_store_up",
     "wmwatch_store_pending_writes", "wmwatch_store_errors_total", "wmwatch_event_handling_seconds",
@@ -151,7 +152,8 @@ def test_overview_covers_the_on_call_questions_with_a_multi_query_variable() -> 
     for needed in (
         "wmwatch_watermark_lag_seconds", "wmwatch_input_rows_per_second",
         "wmwatch_processed_rows_per_second", "wmwatch_rows_dropped_by_watermark_total",
-        "wmwatch_state_rows", "wmwatch_state_memory_bytes", "wmwatch_query_up", "wmwatch_query_failed",
+        "wmwatch_state_rows", "wmwatch_state_memory_bytes", "wmwatch_query_up",
+        "wmwatch_query_failed",
     ):  # fmt: skip
         assert needed in used, needed
     assert all('query=~"$query"' in e for e in expressions(board))
@@ -163,7 +165,8 @@ def test_drill_down_shows_watermarks_lateness_state_batches_audit_and_findings()
     assert variables["query"]["multi"] is False
     used = set().union(*(metric_names(e) for e in expressions(board)))
     for needed in (
-        "wmwatch_watermark_seconds", "wmwatch_event_time_max_seconds", "wmwatch_event_time_min_seconds",
+        "wmwatch_watermark_seconds", "wmwatch_event_time_max_seconds",
+        "wmwatch_event_time_min_seconds",
         "wmwatch_watermark_lag_seconds", "wmwatch_event_time_delay_seconds",
         "wmwatch_operator_watermark_seconds", "wmwatch_source_watermark_seconds",
         "wmwatch_state_rows", "wmwatch_state_memory_bytes", "wmwatch_batch_phase_duration_seconds",
@@ -179,7 +182,8 @@ def test_drill_down_shows_watermarks_lateness_state_batches_audit_and_findings()
 def test_health_dashboard_shows_drops_errors_audit_lag_and_store() -> None:
     used = set().union(*(metric_names(e) for e in expressions(load("wmwatch-health"))))
     for needed in (
-        "wmwatch_events_dropped_total", "wmwatch_listener_errors_total", "wmwatch_audit_lag_batches",
+        "wmwatch_events_dropped_total", "wmwatch_listener_errors_total",
+        "wmwatch_audit_lag_batches",
         "wmwatch_audit_lag_seconds", "wmwatch_store_up", "wmwatch_event_queue_size",
     ):  # fmt: skip
         assert needed in used, needed

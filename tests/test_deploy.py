@@ -196,7 +196,8 @@ def test_kubernetes_manifests_validate_and_select_the_same_driver_port() -> None
 def test_ci_script_passes() -> None:
     result = subprocess.run(
         ["bash", str(ROOT / ".ci/check_deploy.sh")],
-        capture_output=True, text=True, timeout=300, env={"PATH": f"{BIN}:/usr/bin:/bin", "PYTHON": sys.executable},
+        capture_output=True, text=True, timeout=300,
+        env={"PATH": f"{BIN}:/usr/bin:/bin", "PYTHON": sys.executable},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "deploy checks passed" in result.stdout

@@ -74,10 +74,26 @@ def test_basic_auth_rejects_missing_and_wrong_credentials(registry: CollectorReg
 def test_tls_endpoint_serves_https(registry: CollectorRegistry, tmp_path: Path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
     server = serve_metrics(registry, port=0, certfile=str(cert), keyfile=str(key))
     try:
@@ -91,6 +107,10 @@ def test_tls_endpoint_serves_https(registry: CollectorRegistry, tmp_path: Path) 
         server.close()
 
 
-def test_unreadable_tls_files_are_a_clear_error(registry: CollectorRegistry, tmp_path: Path) -> None:
+def test_unreadable_tls_files_are_a_clear_error(
+    registry: CollectorRegistry, tmp_path: Path
+) -> None:
     with pytest.raises(MetricsServerError, match="TLS certificate"):
-        serve_metrics(registry, port=0, certfile=str(tmp_path / "none.pem"), keyfile=str(tmp_path / "k"))
+        serve_metrics(
+            registry, port=0, certfile=str(tmp_path / "none.pem"), keyfile=str(tmp_path / "k")
+        )

@@ -71,10 +71,16 @@ def test_twenty_concurrent_queries_with_idle_and_terminations(spark: Any, tmp_pa
 
     def start_rate(index: int) -> Any:
         # the cheapest real micro-batch: a rate source into the noop sink
-        frame = spark.readStream.format("rate").option("rowsPerSecond", 20).option("numPartitions", 1).load()
+        frame = (
+            spark.readStream.format("rate")
+            .option("rowsPerSecond", 20)
+            .option("numPartitions", 1)
+            .load()
+        )
         return (
             frame.withColumn("bucket", F.col("value") % 7)
-            .writeStream.format("noop").queryName(f"load_rate_{index:02d}")
+            .writeStream.format("noop")
+            .queryName(f"load_rate_{index:02d}")
             .trigger(processingTime="100 milliseconds")
             .option("checkpointLocation", str(tmp_path / "cp" / f"rate{index}"))
             .start()
@@ -87,7 +93,8 @@ def test_twenty_concurrent_queries_with_idle_and_terminations(spark: Any, tmp_pa
         write_events(folder, [{"ts": "2026-01-01T00:00:01Z", "user": "a"}])
         frame = spark.readStream.schema("ts timestamp, user string").json(str(folder))
         return (
-            frame.writeStream.format("noop").queryName(f"load_idle_{index:02d}")
+            frame.writeStream.format("noop")
+            .queryName(f"load_idle_{index:02d}")
             .trigger(processingTime="100 milliseconds")
             .option("checkpointLocation", str(tmp_path / "cp" / f"files{index}"))
             .start()
@@ -98,13 +105,34 @@ def test_twenty_concurrent_queries_with_idle_and_terminations(spark: Any, tmp_pa
     previous_recent = spark.conf.get("spark.sql.streaming.numRecentProgressUpdates")
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
     try:
-        _run_twenty(spark, tmp_path, db, port, queries, stopped, samples, run_seconds, start_rate, start_files)
+        _run_twenty(
+            spark,
+            tmp_path,
+            db,
+            port,
+            queries,
+            stopped,
+            samples,
+            run_seconds,
+            start_rate,
+            start_files,
+        )
     finally:
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", previous_recent)
 
 
-def _run_twenty(spark: Any, tmp_path: Path, db: Path, port: int, queries: list[Any], stopped: list[Any],
-                samples: list[dict[str, float]], run_seconds: float, start_rate: Any, start_files: Any) -> None:
+def _run_twenty(
+    spark: Any,
+    tmp_path: Path,
+    db: Path,
+    port: int,
+    queries: list[Any],
+    stopped: list[Any],
+    samples: list[dict[str, float]],
+    run_seconds: float,
+    start_rate: Any,
+    start_files: Any,
+) -> None:
     with wmwatch.attach(spark, db=str(db), metrics_port=port) as watch:
         assert watch.metrics_url is not None
         try:
@@ -121,12 +149,14 @@ def _run_twenty(spark: Any, tmp_path: Path, db: Path, port: int, queries: list[A
                 time.sleep(1.0)
                 scraped = _scrape(watch.metrics_url)
                 gc.collect()
-                samples.append({
-                    "t": time.monotonic() - begin,
-                    "queue": scraped[("wmwatch_event_queue_size", ())],
-                    "rss": float(rss_bytes()),
-                    "pending": scraped[("wmwatch_store_pending_writes", ())],
-                })
+                samples.append(
+                    {
+                        "t": time.monotonic() - begin,
+                        "queue": scraped[("wmwatch_event_queue_size", ())],
+                        "rss": float(rss_bytes()),
+                        "pending": scraped[("wmwatch_store_pending_writes", ())],
+                    }
+                )
                 if not restarted and time.monotonic() - begin > run_seconds / 2:
                     # a burst of terminations and starts in the middle of the run
                     restarted = True
@@ -152,7 +182,8 @@ def _run_twenty(spark: Any, tmp_path: Path, db: Path, port: int, queries: list[A
         # Spark 4.3 also puts idle updates in recentProgress (the next batch id, no addBatch): they
         # are posted as onQueryIdle, not as progress, and no batch ran; keep the executed batches
         recent = {
-            str(q.id): [p for p in q.recentProgress if "addBatch" in p["durationMs"]] for q in all_queries
+            str(q.id): [p for p in q.recentProgress if "addBatch" in p["durationMs"]]
+            for q in all_queries
         }
         final_scrape = _scrape(watch.metrics_url)
         capacity = final_scrape[("wmwatch_event_queue_capacity", ())]
@@ -186,9 +217,13 @@ def _run_twenty(spark: Any, tmp_path: Path, db: Path, port: int, queries: list[A
         for p in progress:
             row = by_id[p["batchId"]]
             assert row[1] == p["numInputRows"]
-            ended_ms = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() * 1000
+            ended_ms = (
+                datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() * 1000
+            )
             freshness.append((row[2] - ended_ms - p["batchDuration"]) / 1000.0)
-    assert _db_rows(db, "SELECT count(*) - count(DISTINCT (query_id, batch_id)) FROM batches") == [(0,)]
+    assert _db_rows(db, "SELECT count(*) - count(DISTINCT (query_id, batch_id)) FROM batches") == [
+        (0,)
+    ]
 
     queue_max = max(s["queue"] for s in samples)
     warm = [s["rss"] for s in samples if s["t"] > 15]
@@ -199,7 +234,8 @@ def _run_twenty(spark: Any, tmp_path: Path, db: Path, port: int, queries: list[A
     p99 = freshness[int(len(freshness) * 0.99) - 1]
     print(
         f"\n[load/spark] 20 queries (16 rate + 4 idle file, 4 stopped and 4 started mid-run), "
-        f"start of 20 took {start_seconds:.1f} s; {elapsed:.0f} s run: {events_during} events handled "
+        f"start of 20 took {start_seconds:.1f} s; {elapsed:.0f} s run: "
+        f"{events_during} events handled "
         f"({events_during / elapsed:.1f} events/s, {total_batches} batches in DuckDB); "
         f"queue max {queue_max:.0f}; store pending max {max(s['pending'] for s in samples):.0f}; "
         f"driver RSS after warm-up {rss_start / 1e6:.1f} MB -> end {rss_end / 1e6:.1f} MB; "
@@ -212,11 +248,14 @@ def _run_twenty(spark: Any, tmp_path: Path, db: Path, port: int, queries: list[A
 # ----------------------------------------------------------------------------- worker only
 
 
-def _feeder(watch: Any, queries: list[str], start_batch: int, count: int, rate: float,
-            offered: list[int]) -> None:
+def _feeder(
+    watch: Any, queries: list[str], start_batch: int, count: int, rate: float, offered: list[int]
+) -> None:
     """Offer ``count`` progress events per query at ``rate`` events/s (0: as fast as possible)."""
     payloads = [
-        progress_event_json(q, b, name=q) for b in range(start_batch, start_batch + count) for q in queries
+        progress_event_json(q, b, name=q)
+        for b in range(start_batch, start_batch + count)
+        for q in queries
     ]
     begin = time.perf_counter()
     for index, payload in enumerate(payloads):
@@ -239,8 +278,13 @@ def test_worker_handles_a_steady_feed_from_many_threads_exactly_once(tmp_path: P
     # Room for the whole feed: however slow the machine, nothing may be dropped here (overflow
     # has a test of its own below).
     capacity = int(rate * seconds) + 1000
-    with wmwatch.attach(NoQueriesSession(), db=str(db), metrics_port=free_port(), listener="stock",
-                        queue_capacity=capacity) as watch:
+    with wmwatch.attach(
+        NoQueriesSession(),
+        db=str(db),
+        metrics_port=free_port(),
+        listener="stock",
+        queue_capacity=capacity,
+    ) as watch:
         assert watch.metrics_url is not None
         names = [[f"w{t}_q{i}" for i in range(per_thread_queries)] for t in range(threads_n)]
         for group in names:
@@ -251,7 +295,9 @@ def test_worker_handles_a_steady_feed_from_many_threads_exactly_once(tmp_path: P
         queue_sizes: list[int] = []
         rss: list[tuple[float, int]] = []
         feeders = [
-            threading.Thread(target=_feeder, args=(watch, group, 0, per_query, rate / threads_n, offered))
+            threading.Thread(
+                target=_feeder, args=(watch, group, 0, per_query, rate / threads_n, offered)
+            )
             for group in names
         ]
         begin = time.perf_counter()
@@ -267,7 +313,11 @@ def test_worker_handles_a_steady_feed_from_many_threads_exactly_once(tmp_path: P
         health = watch.health.copy()
         assert health.dropped == {}
         assert health.errors == {}
-        assert health.received["progress"] == sum(offered) == per_query * threads_n * per_thread_queries
+        assert (
+            health.received["progress"]
+            == sum(offered)
+            == per_query * threads_n * per_thread_queries
+        )
         assert health.processed["progress"] == sum(offered)
         scraped = _scrape(watch.metrics_url)
         for group in names:
@@ -291,20 +341,26 @@ def test_worker_handles_a_steady_feed_from_many_threads_exactly_once(tmp_path: P
         scraped = _scrape(watch.metrics_url)
         assert scraped[("wmwatch_query_up", (("query", "w0_q0"),))] == 0
 
-    recorded = _db_rows(db, "SELECT count(*), count(DISTINCT (query_id, batch_id)) FROM batches WHERE query_id LIKE 'w%'")
+    recorded = _db_rows(
+        db,
+        "SELECT count(*), count(DISTINCT (query_id, batch_id)) FROM batches "
+        "WHERE query_id LIKE 'w%'",
+    )
     assert recorded == [(sum(offered), sum(offered))]
     warm = [v for t, v in rss if t > 3.0] or [v for _, v in rss]
     print(
-        f"\n[load/worker] steady {sum(offered)} events at {rate:.0f}/s from {threads_n} threads: "
-        f"all handled and recorded once, drained {drained_seconds - steady_seconds:.2f} s after the "
-        f"last offer, queue max {max(queue_sizes)}, RSS after warm-up {statistics.median(warm[:5]) / 1e6:.1f} -> "
+        f"\n[load/worker] steady {sum(offered)} events at {rate:.0f}/s "
+        f"from {threads_n} threads: all handled and recorded once, "
+        f"drained {drained_seconds - steady_seconds:.2f} s after the last offer, "
+        f"queue max {max(queue_sizes)}, "
+        f"RSS after warm-up {statistics.median(warm[:5]) / 1e6:.1f} -> "
         f"{statistics.median(warm[-5:]) / 1e6:.1f} MB "
         f"(events/s this machine sustains: benchmarks/bench_load.py)"
     )
 
 
 class HoldFirstProgress(WatchPlugin):
-    """Holds the worker inside its first progress event until released: the queue behind it fills."""
+    """Holds the worker in its first progress event until released: the queue behind it fills."""
 
     name = "hold"
 
@@ -325,14 +381,24 @@ def test_a_full_queue_drops_and_counts_and_never_blocks_the_listener(tmp_path: P
     db = tmp_path / "overflow.duckdb"
     capacity = 100
     holder = HoldFirstProgress()
-    with wmwatch.attach(NoQueriesSession(), db=str(db), metrics_port=None, listener="stock",
-                        queue_capacity=capacity, plugins=[holder], inspect_plans=False) as watch:
+    with wmwatch.attach(
+        NoQueriesSession(),
+        db=str(db),
+        metrics_port=None,
+        listener="stock",
+        queue_capacity=capacity,
+        plugins=[holder],
+        inspect_plans=False,
+    ) as watch:
         watch._events.offer("progress", progress_event_json("first", 0, name="first"))
         assert holder.holding.wait(timeout=60)
 
         offered: list[int] = []
         groups = [[f"s{t}_q{i}" for i in range(5)] for t in range(3)]
-        burst = [threading.Thread(target=_feeder, args=(watch, group, 0, 400, 0.0, offered)) for group in groups]
+        burst = [
+            threading.Thread(target=_feeder, args=(watch, group, 0, 400, 0.0, offered))
+            for group in groups
+        ]
         max_queue = 0
         for thread in burst:
             thread.start()
@@ -351,7 +417,9 @@ def test_a_full_queue_drops_and_counts_and_never_blocks_the_listener(tmp_path: P
         holder.release.set()
         assert watch.flush(timeout=600)
         health = watch.health.copy()
-        dropped_metric = watch.registry.get_sample_value("wmwatch_events_dropped_total", {"kind": "progress"})
+        dropped_metric = watch.registry.get_sample_value(
+            "wmwatch_events_dropped_total", {"kind": "progress"}
+        )
     processed = health.processed["progress"]
     dropped = health.dropped["progress"]
     assert processed == 1 + capacity
@@ -366,7 +434,9 @@ def test_a_full_queue_drops_and_counts_and_never_blocks_the_listener(tmp_path: P
 def test_python_memory_is_flat_after_warm_up(tmp_path: Path) -> None:
     """tracemalloc over 20,000 events for 20 queries: what the worker keeps does not grow."""
     db = tmp_path / "mem.duckdb"
-    with wmwatch.attach(NoQueriesSession(), db=str(db), metrics_port=free_port(), listener="stock") as watch:
+    with wmwatch.attach(
+        NoQueriesSession(), db=str(db), metrics_port=free_port(), listener="stock"
+    ) as watch:
         assert watch.metrics_url is not None
         queries = [f"m_q{i}" for i in range(20)]
 
@@ -391,8 +461,11 @@ def test_python_memory_is_flat_after_warm_up(tmp_path: Path) -> None:
             end, _ = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-    print(f"\n[load/memory] Python heap traced after 10,000 events: {warm / 1e6:.2f} MB, after 20,000: "
-          f"{end / 1e6:.2f} MB (growth {(end - warm) / 1e3:.0f} kB for 10,000 more events)")
+    print(
+        f"\n[load/memory] Python heap traced after 10,000 events: {warm / 1e6:.2f} MB, "
+        "after 20,000: "
+        f"{end / 1e6:.2f} MB (growth {(end - warm) / 1e3:.0f} kB for 10,000 more events)"
+    )
     # a leak of even 100 bytes per event would show as 1 MB here
     assert end - warm < 500e3
 
@@ -400,11 +473,20 @@ def test_python_memory_is_flat_after_warm_up(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- long history
 
 
-def _feed_history(watch: Any, batches_per_query: int, queries: list[str], first_at: datetime,
-                  step: timedelta, *, retention_each_flush: bool = False) -> None:
+def _feed_history(
+    watch: Any,
+    batches_per_query: int,
+    queries: list[str],
+    first_at: datetime,
+    step: timedelta,
+    *,
+    retention_each_flush: bool = False,
+) -> None:
     for b in range(batches_per_query):
         for q in queries:
-            watch._events.offer("progress", progress_event_json(q, b, name=q, at=first_at + b * step))
+            watch._events.offer(
+                "progress", progress_event_json(q, b, name=q, at=first_at + b * step)
+            )
         if b % 250 == 249:
             assert watch.flush(timeout=300)
             if retention_each_flush:
@@ -433,11 +515,15 @@ def test_ten_thousand_batches_stay_compact_and_report_covers_them_all(tmp_path: 
 
     full = tmp_path / "full.duckdb"
     begin = time.perf_counter()
-    with wmwatch.attach(NoQueriesSession(), db=str(full), metrics_port=None, listener="stock") as watch:
+    with wmwatch.attach(
+        NoQueriesSession(), db=str(full), metrics_port=None, listener="stock"
+    ) as watch:
         _feed_history(watch, per_query, queries, first_at, step)
     feed_seconds = time.perf_counter() - begin
     total = per_query * len(queries)
-    assert _db_rows(full, "SELECT count(*), count(DISTINCT (query_id, batch_id)) FROM batches") == [(total, total)]
+    assert _db_rows(full, "SELECT count(*), count(DISTINCT (query_id, batch_id)) FROM batches") == [
+        (total, total)
+    ]
     full_bytes = full.stat().st_size
     report_seconds, text = _report(full, "--format", "json")
     summaries = {q["query"]: q for q in json.loads(text)["queries"]}
@@ -450,13 +536,15 @@ def test_ten_thousand_batches_stay_compact_and_report_covers_them_all(tmp_path: 
 
     # The same feed with retention_days=3: only the last 3 days stay, and the file stays small.
     kept = tmp_path / "kept.duckdb"
-    with wmwatch.attach(NoQueriesSession(), db=str(kept), metrics_port=None, listener="stock",
-                        retention_days=3) as watch:
+    with wmwatch.attach(
+        NoQueriesSession(), db=str(kept), metrics_port=None, listener="stock", retention_days=3
+    ) as watch:
         _feed_history(watch, per_query, queries, first_at, step, retention_each_flush=True)
         # one last pass: a read runs after the writes and the retention of the writer's next cycle
         watch.store._next_retention_at = 0.0
         oldest_kept = watch.store.read(
-            lambda con: con.execute("SELECT min(batch_at), count(*) FROM batches").fetchone(), timeout=300
+            lambda con: con.execute("SELECT min(batch_at), count(*) FROM batches").fetchone(),
+            timeout=300,
         )
     kept_bytes = kept.stat().st_size
     print(

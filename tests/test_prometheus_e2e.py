@@ -153,7 +153,8 @@ def test_every_panel_and_alert_works_against_a_real_prometheus(
     rules_path.write_text(generate.rules_yaml(alerts.TEST))
     port = free_port()
     watch = wmwatch.attach(
-        spark, db=str(stream_dir / "history.duckdb"), metrics_port=port, registry=CollectorRegistry(),
+        spark, db=str(stream_dir / "history.duckdb"), metrics_port=port,
+        registry=CollectorRegistry(),
         strict=True,
     )  # fmt: skip
     windowed = joined = audit = None
@@ -182,7 +183,10 @@ def test_every_panel_and_alert_works_against_a_real_prometheus(
             wait_until(
                 lambda: {(a, q, s) for a, q, s in EXPECTED_FIRING} <= firing(prom),
                 timeout=60,
-                what=f"alerts {sorted(EXPECTED_FIRING, key=str)}; firing: {sorted(firing(prom), key=str)}",
+                what=(
+                    f"alerts {sorted(EXPECTED_FIRING, key=str)}; "
+                    f"firing: {sorted(firing(prom), key=str)}"
+                ),
             )
             # the ones that must stay quiet had the whole run to fire (for: up to 5s)
             unexpected = firing(prom) - EXPECTED_FIRING

@@ -75,7 +75,9 @@ def test_pushes_are_rate_limited_then_immediate_at_termination_and_close() -> No
     book, registry = watched_registry()
     clock = ManualClock()
     with recorder() as gateway:
-        plugin = PushPlugin(registry, gateway.url, job="backfill", min_interval_seconds=0.5, clock=clock)
+        plugin = PushPlugin(
+            registry, gateway.url, job="backfill", min_interval_seconds=0.5, clock=clock
+        )
         # registered like the watch does, so each push carries the push counters too
         registry.register(_PluginCollector(plugin))
         started = parse_started({"id": "q1", "runId": "r1", "name": "orders"})
@@ -93,7 +95,10 @@ def test_pushes_are_rate_limited_then_immediate_at_termination_and_close() -> No
             time.sleep(0.05)
         clock.now += 0.5
         wait_for(lambda: len(gateway.pushes()) == 2)
-        assert samples(gateway.pushes()[1].body)[("wmwatch_batches_total", (("query", "orders"),))] == 10
+        assert (
+            samples(gateway.pushes()[1].body)[("wmwatch_batches_total", (("query", "orders"),))]
+            == 10
+        )
 
         # more batches, the clock still: a termination is pushed anyway, with everything before it
         for batch in range(10, 20):
@@ -178,7 +183,9 @@ def test_a_hanging_gateway_never_blocks_the_hooks() -> None:
     _, registry = watched_registry()
     with recorder() as gateway:
         gateway.hold()
-        plugin = PushPlugin(registry, gateway.url, job="j", min_interval_seconds=0.0, timeout_seconds=120)
+        plugin = PushPlugin(
+            registry, gateway.url, job="j", min_interval_seconds=0.0, timeout_seconds=120
+        )
         plugin.on_progress(progress(0))
         wait_for(lambda: len(gateway.arrived()) == 1, timeout=60)  # the push thread is now stuck
 
@@ -205,7 +212,9 @@ def test_close_returns_while_the_gateway_still_hangs() -> None:
     _, registry = watched_registry()
     with recorder() as gateway:
         gateway.hold()
-        plugin = PushPlugin(registry, gateway.url, job="j", min_interval_seconds=0.0, timeout_seconds=0.5)
+        plugin = PushPlugin(
+            registry, gateway.url, job="j", min_interval_seconds=0.0, timeout_seconds=0.5
+        )
         plugin.on_progress(progress(0))
         wait_for(lambda: len(gateway.arrived()) == 1, timeout=60)
         closer = threading.Thread(target=plugin.close)

@@ -125,12 +125,17 @@ def test_attach_twice_on_one_session_returns_the_live_watch(
             progress = stop_and_settle(first, query, "rerun_cell")
             samples = scrape(first.metrics_url or "")
             # one listener: every progress event once, every batch once
-            assert samples[("wmwatch_events_received_total", (("kind", "progress"),))] == len(progress)
+            assert samples[("wmwatch_events_received_total", (("kind", "progress"),))] == len(
+                progress
+            )
             assert samples[("wmwatch_batches_total", (("query", "rerun_cell"),))] == len(progress)
             assert first.store.health.errors_total == 0
             # read through the writer: DuckDB allows one attachment of a file per process
-            recorded = first.store.read(lambda con: con.execute(
-                "SELECT batch_id FROM batches WHERE query_id = ? ORDER BY 1", [str(query.id)]).fetchall())
+            recorded = first.store.read(
+                lambda con: con.execute(
+                    "SELECT batch_id FROM batches WHERE query_id = ? ORDER BY 1", [str(query.id)]
+                ).fetchall()
+            )
             assert [r[0] for r in recorded] == [p["batchId"] for p in progress]
 
             # different options: still the live watch, and a warning names what was ignored
@@ -178,7 +183,9 @@ def test_each_session_gets_its_own_watch_and_one_history_file_one_writer(
                 f"wmwatch: {problem} (continuing without it; pass strict=True to fail instead)"
             ) == 1
             assert wmwatch.attach(other_session, db=None, metrics_port=None) is second
-            with pytest.raises(wmwatch.StoreError, match="already being written by another wmwatch"):
+            with pytest.raises(
+                wmwatch.StoreError, match="already being written by another wmwatch"
+            ):
                 wmwatch.attach(spark.newSession(), db=str(db), metrics_port=None, strict=True)
         finally:
             second.close()
@@ -206,7 +213,9 @@ _SECOND_PROCESS = textwrap.dedent(
     except wmwatch.StoreError as exc:
         out["store"] = str(exc)
     try:
-        wmwatch.attach(NoQueriesSession(), db=db, metrics_port=None, listener="stock", strict=True).close()
+        wmwatch.attach(
+            NoQueriesSession(), db=db, metrics_port=None, listener="stock", strict=True
+        ).close()
         out["strict"] = "attached"
     except wmwatch.StoreError as exc:
         out["strict"] = str(exc)
@@ -250,7 +259,11 @@ def test_a_second_process_cannot_write_the_file_until_the_first_closes(tmp_path:
     finally:
         first.close()
     out, _ = _second_process(script, db)
-    assert out == {"store": "written", "strict": "attached", "lenient": {"history": True, "problems": []}}
+    assert out == {
+        "store": "written",
+        "strict": "attached",
+        "lenient": {"history": True, "problems": []},
+    }
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT query_id FROM queries ORDER BY 1").fetchall() == [
             ("from_second_process",), ("q",),
@@ -260,9 +273,13 @@ def test_a_second_process_cannot_write_the_file_until_the_first_closes(tmp_path:
 
 def test_after_close_attach_serves_on_the_same_port_again(tmp_path: Path) -> None:
     session, port = NoQueriesSession(), free_port()
-    with wmwatch.attach(session, db=str(tmp_path / "h.duckdb"), metrics_port=port, listener="stock") as first:
+    with wmwatch.attach(
+        session, db=str(tmp_path / "h.duckdb"), metrics_port=port, listener="stock"
+    ) as first:
         assert scrape(first.metrics_url or "")  # a scrape leaves the port in TIME_WAIT after close
-    with wmwatch.attach(session, db=str(tmp_path / "h.duckdb"), metrics_port=port, listener="stock") as second:
+    with wmwatch.attach(
+        session, db=str(tmp_path / "h.duckdb"), metrics_port=port, listener="stock"
+    ) as second:
         assert second is not first
         assert second.problems == [] and second.metrics_url == f"http://127.0.0.1:{port}/metrics"
         assert scrape(second.metrics_url)
@@ -272,7 +289,9 @@ def test_a_failed_attach_leaves_the_file_registry_and_session_free(tmp_path: Pat
     db, registry, session = tmp_path / "history.duckdb", CollectorRegistry(), NoQueriesSession()
     with pytest.raises(wmwatch.ConfigError, match="listener mode"):
         wmwatch.attach(session, db=str(db), metrics_port=None, registry=registry, listener="bogus")
-    with wmwatch.attach(session, db=str(db), metrics_port=None, registry=registry, strict=True) as watch:
+    with wmwatch.attach(
+        session, db=str(db), metrics_port=None, registry=registry, strict=True
+    ) as watch:
         assert watch.store is not None and watch.problems == []
 
 
@@ -339,10 +358,16 @@ def test_attach_records_the_batches_spark_still_holds_once_and_in_order(
             assert registry.get_sample_value("wmwatch_input_rows_total", labels) == sum(
                 p["numInputRows"] for p in progress
             )
-            assert registry.get_sample_value(
-                "wmwatch_rows_dropped_by_watermark_total",
-                {**labels, "operator": "0", "operator_name": "stateStoreSave"},
-            ) == sum(op["numRowsDroppedByWatermark"] for p in progress for op in p["stateOperators"]) >= 1
+            assert (
+                registry.get_sample_value(
+                    "wmwatch_rows_dropped_by_watermark_total",
+                    {**labels, "operator": "0", "operator_name": "stateStoreSave"},
+                )
+                == sum(
+                    op["numRowsDroppedByWatermark"] for p in progress for op in p["stateOperators"]
+                )
+                >= 1
+            )
         finally:
             watch.close()
     finally:

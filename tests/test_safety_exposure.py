@@ -38,7 +38,9 @@ def _non_loopback_ipv4() -> str:
         probe.connect(("192.0.2.200", 9))
         address = str(probe.getsockname()[0])
     if address.startswith("127."):
-        pytest.fail("this machine has no non-loopback IPv4 address to test the bind address against")
+        pytest.fail(
+            "this machine has no non-loopback IPv4 address to test the bind address against"
+        )
     return address
 
 
@@ -62,7 +64,9 @@ def test_endpoint_is_loopback_only_by_default(monkeypatch: pytest.MonkeyPatch) -
     print(f"\n[exposure] default bind 127.0.0.1:{port}: not reachable on {outside}")
 
 
-def test_bind_address_from_the_environment_and_the_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bind_address_from_the_environment_and_the_argument(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     outside = _non_loopback_ipv4()
     monkeypatch.setenv("WMWATCH_METRICS_ADDR", "0.0.0.0")
     port = free_port()
@@ -70,8 +74,9 @@ def test_bind_address_from_the_environment_and_the_argument(monkeypatch: pytest.
         assert _reachable(outside, port)
     port = free_port()
     # the argument wins over the environment
-    with wmwatch.attach(NoQueriesSession(), db=None, metrics_port=port, metrics_addr="127.0.0.1",
-                        listener="stock"):
+    with wmwatch.attach(
+        NoQueriesSession(), db=None, metrics_port=port, metrics_addr="127.0.0.1", listener="stock"
+    ):
         assert not _reachable(outside, port)
         assert _reachable("127.0.0.1", port)
 
@@ -79,10 +84,26 @@ def test_bind_address_from_the_environment_and_the_argument(monkeypatch: pytest.
 def _self_signed(folder: Path) -> tuple[Path, Path]:
     cert, key = folder / "cert.pem", folder / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
     return cert, key
 
@@ -91,14 +112,24 @@ def _self_signed(folder: Path) -> tuple[Path, Path]:
 def test_tls_and_basic_auth_end_to_end_through_attach(spark: Any, stream_dir: Path) -> None:
     cert, key = _self_signed(stream_dir)
     write_events(stream_dir / "in", [{"ts": "2026-01-01T00:00:01Z", "user": "a"}])
-    with wmwatch.attach(spark, db=None, metrics_port=free_port(), metrics_certfile=str(cert),
-                        metrics_keyfile=str(key), metrics_basic_auth=("prom", "s3cret")) as watch:
+    with wmwatch.attach(
+        spark,
+        db=None,
+        metrics_port=free_port(),
+        metrics_certfile=str(cert),
+        metrics_keyfile=str(key),
+        metrics_basic_auth=("prom", "s3cret"),
+    ) as watch:
         url = watch.metrics_url
         assert url is not None and url.startswith("https://127.0.0.1:")
         query = (
-            spark.readStream.schema("ts timestamp, user string").json(str(stream_dir / "in"))
-            .writeStream.format("noop").queryName("tls_auth_query")
-            .option("checkpointLocation", str(stream_dir / "checkpoint")).trigger(availableNow=True).start()
+            spark.readStream.schema("ts timestamp, user string")
+            .json(str(stream_dir / "in"))
+            .writeStream.format("noop")
+            .queryName("tls_auth_query")
+            .option("checkpointLocation", str(stream_dir / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
         )
         try:
             query.awaitTermination(60)
@@ -115,23 +146,31 @@ def test_tls_and_basic_auth_end_to_end_through_attach(spark: Any, stream_dir: Pa
             if auth is not None:
                 token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
                 request.add_header("Authorization", f"Basic {token}")
-            with urllib.request.urlopen(request, timeout=5, context=context if tls else None) as response:
+            with urllib.request.urlopen(
+                request, timeout=5, context=context if tls else None
+            ) as response:
                 body: bytes = response.read()
             return body
 
         text = get(("prom", "s3cret")).decode()
         samples = {
             (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
         }
-        assert samples[("wmwatch_last_batch_id", (("query", "tls_auth_query"),))] == query.lastProgress["batchId"]
+        assert (
+            samples[("wmwatch_last_batch_id", (("query", "tls_auth_query"),))]
+            == query.lastProgress["batchId"]
+        )
         for auth in (None, ("prom", "wrong"), ("other", "s3cret")):
             with pytest.raises(urllib.error.HTTPError) as info:
                 get(auth)
             assert info.value.code == 401
         with pytest.raises(OSError):
             get(("prom", "s3cret"), tls=False)  # plain HTTP gets nothing
-        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):  # an untrusting client
+        with pytest.raises(
+            urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"
+        ):  # an untrusting client
             urllib.request.urlopen(url, timeout=5, context=ssl.create_default_context())
 
 
@@ -150,7 +189,9 @@ def test_history_file_and_its_write_ahead_log_are_private(tmp_path: Path) -> Non
     spy = threading.Thread(target=watch_modes)
     spy.start()
     try:
-        with wmwatch.attach(NoQueriesSession(), db=str(db), metrics_port=None, listener="stock") as watch:
+        with wmwatch.attach(
+            NoQueriesSession(), db=str(db), metrics_port=None, listener="stock"
+        ) as watch:
             watch.store.flush_interval_seconds = 0.01
             for batch in range(3000):
                 watch._events.offer("progress", progress_event_json("q", batch))
@@ -161,7 +202,9 @@ def test_history_file_and_its_write_ahead_log_are_private(tmp_path: Path) -> Non
         spy.join()
     seen = {name for name, _ in modes}
     assert "history.duckdb" in seen and "history.duckdb.wal" in seen, seen
-    wider = {(name, oct(mode)) for name, mode in modes if name.startswith("history") and mode & 0o077}
+    wider = {
+        (name, oct(mode)) for name, mode in modes if name.startswith("history") and mode & 0o077
+    }
     assert not wider, f"history files readable by others: {wider}"
 
 
@@ -169,7 +212,9 @@ SECRET_VALUES = ("hunter2", "tok3nvalue", "SIGVALUE123", "AKIAFAKEKEY", "wJalrFA
 
 
 @pytest.mark.spark
-def test_credentials_in_paths_and_names_are_never_stored_or_exported(spark: Any, tmp_path: Path) -> None:
+def test_credentials_in_paths_and_names_are_never_stored_or_exported(
+    spark: Any, tmp_path: Path
+) -> None:
     # A real local path a careless job could have: secrets in folder names.
     folder = tmp_path / "password=hunter2" / "token=tok3nvalue"
     folder.mkdir(parents=True)
@@ -178,12 +223,17 @@ def test_credentials_in_paths_and_names_are_never_stored_or_exported(spark: Any,
     port = free_port()
     with wmwatch.attach(spark, db=str(db), metrics_port=port) as watch:
         query = (
-            spark.readStream.schema("ts timestamp, user string").json(str(folder))
+            spark.readStream.schema("ts timestamp, user string")
+            .json(str(folder))
             .withWatermark("ts", "10 seconds")
-            .groupBy("user").count()
-            .writeStream.outputMode("update").format("noop")
+            .groupBy("user")
+            .count()
+            .writeStream.outputMode("update")
+            .format("noop")
             .queryName("orders sig=SIGVALUE123 s3a://AKIAFAKEKEY:wJalrFAKESECRET@bucket/x")
-            .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start()
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
         )
         try:
             query.awaitTermination(60)
@@ -210,11 +260,20 @@ def test_credentials_in_paths_and_names_are_never_stored_or_exported(spark: Any,
         ).fetchall()
         scanned = 0
         for table, column in columns:
-            for (value,) in con.execute(f'SELECT "{column}"::VARCHAR FROM "{table}" WHERE "{column}" IS NOT NULL').fetchall():
+            for (value,) in con.execute(
+                f'SELECT "{column}"::VARCHAR FROM "{table}" WHERE "{column}" IS NOT NULL'
+            ).fetchall():
                 scanned += 1
-                leaks += [f"{table}.{column}: {secret}" for secret in SECRET_VALUES if secret in value]
-        described = con.execute("SELECT count(*) FROM sources WHERE description LIKE '%password=***%'").fetchone()
+                leaks += [
+                    f"{table}.{column}: {secret}" for secret in SECRET_VALUES if secret in value
+                ]
+        described = con.execute(
+            "SELECT count(*) FROM sources WHERE description LIKE '%password=***%'"
+        ).fetchone()
     assert not leaks, leaks
     assert described is not None and described[0] >= 1
     assert db.read_bytes().find(b"hunter2") == -1  # not even in freed pages of the file
-    print(f"\n[exposure] scanned {scanned} text values in {len(columns)} columns and /metrics: no secret")
+    print(
+        f"\n[exposure] scanned {scanned} text values in {len(columns)} columns and /metrics: "
+        "no secret"
+    )
