@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from wmwatch._core.health import Health
 from wmwatch._core.listener import EventQueue, ListenerRegistration, seed_active_queries
 from wmwatch._core.options import WatchOptions
-from wmwatch._core.plugins import WatchPlugin
+from wmwatch._core.plugins import WatchContext, WatchPlugin
 from wmwatch._core.sessions import SessionRegistry, differing_options
 from wmwatch._core.state import QueryBook, QueryState
 from wmwatch._core.worker import Worker
@@ -221,11 +221,12 @@ class Watch:
         return store
 
     def _default_plugins(self, options: WatchOptions) -> list[WatchPlugin]:
+        context: WatchContext = self  # what the plugins may use of this watch
         plugins: list[WatchPlugin] = []
         if options.inspect_plans:
             from wmwatch._inspect.plugin import PlanPlugin
 
-            plugins.append(PlanPlugin(self, state_budget_bytes=options.state_budget_bytes))
+            plugins.append(PlanPlugin(context, state_budget_bytes=options.state_budget_bytes))
         if options.pushgateway:
             from wmwatch._metrics.push import PushPlugin
 
