@@ -176,5 +176,5 @@ def assemble(
         board = board.with_row(dashboard_builders.Row(row_title).id(panel_id))
         for panel in panels:
             panel_id += 1
-            board = board.with_panel(panel.id(panel_id))  # type: ignore[attr-defined]
+            board = board.with_panel(panel.id(panel_id))  # type: ignore[attr-defined]  # the generic Builder type has no id(); every panel builder does
     return board.build()
