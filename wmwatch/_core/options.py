@@ -23,6 +23,8 @@ METRICS_ADDR_VARIABLE = "WMWATCH_METRICS_ADDR"
 
 @dataclass(frozen=True)
 class WatchOptions:
+    """Every option of ``attach`` and ``Watch`` (documented on ``attach``), with its defaults."""
+
     db: str | os.PathLike[str] | None = "wmwatch.duckdb"
     metrics_port: int | None = 9108
     metrics_addr: str | None = None
