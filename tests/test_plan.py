@@ -17,7 +17,8 @@ from wmwatch._inspect.joins import (
     VALUE,
     classify_join,
 )
-from wmwatch._inspect.plugin import facts_from_text, interval_seconds, operator_watermarks_from_text
+from wmwatch._inspect.plan import facts_from_text, operator_watermarks_from_text
+from wmwatch._time import interval_seconds
 
 PLANS = Path(__file__).parent / "fixtures" / "plans"
 
