@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from wmwatch._core.plugins import WatchContext, WatchPlugin
-from wmwatch._events import QueryIdle, QueryStarted, QueryTerminated
+from wmwatch._events import QueryStarted, QueryTerminated
 from wmwatch._inspect.evaluate import apply_verdict, judge_joins
 from wmwatch._inspect.findings import FindingsBook
 from wmwatch._inspect.joins import StateSample, analyze_growth, classify_join
@@ -153,9 +153,6 @@ class PlanPlugin(WatchPlugin):
         with self._cond:
             self._requests[snapshot.query_id] = snapshot
             self._cond.notify_all()
-
-    def on_query_idle(self, event: QueryIdle) -> None:
-        return None
 
     def on_query_terminated(self, event: QueryTerminated) -> None:
         with self._cond:

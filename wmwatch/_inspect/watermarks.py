@@ -117,14 +117,15 @@ class _Jump:
     batches_with_drops: list[int] = field(default_factory=list)
 
     def evidence(self) -> dict[str, object]:
+        before_at, caused_at = self.watermark_before_at, self.caused_by_event_time_max_at
         return {
             "batch_id": self.batch_id,
-            "watermark_before_at": _iso(self.watermark_before_at),
-            "watermark_after_at": _iso(self.watermark_after_at),
+            "watermark_before_at": before_at and before_at.isoformat(),
+            "watermark_after_at": self.watermark_after_at.isoformat(),
             "jump_seconds": self.jump_seconds,
             "typical_advance_seconds": self.typical_advance_seconds,
             "ahead_of_batch_time_seconds": self.ahead_of_batch_time_seconds,
-            "caused_by_event_time_max_at": _iso(self.caused_by_event_time_max_at),
+            "caused_by_event_time_max_at": caused_at and caused_at.isoformat(),
             "caused_by_batch_id": self.caused_by_batch_id,
             "dropped_after_jump": self.dropped_after_jump,
             "batches_with_drops": self.batches_with_drops,
@@ -216,13 +217,15 @@ class WatermarkMonitor:
             else None
         )
         back = [s for s in holding if s.holding_back]
+        watermark_at = snap.watermark_at and snap.watermark_at.isoformat()
+        seen_max_at = self._stall_event_time_max_at and self._stall_event_time_max_at.isoformat()
         evidence: dict[str, object] = {
-            "watermark_at": _iso(snap.watermark_at),
+            "watermark_at": watermark_at,
             "since_batch_id": since.batch_id,
             "batches": self._stall_batches,
             "input_rows": self._stall_rows,
             "stalled_seconds": stalled_seconds,
-            "event_time_max_at": _iso(self._stall_event_time_max_at),
+            "event_time_max_at": seen_max_at,
         }
         if back:
             evidence["holding_back"] = [s.source for s in back]
@@ -234,7 +237,7 @@ class WatermarkMonitor:
                 for s in back
             )
             message = (
-                f"the watermark has stayed at {_iso(snap.watermark_at)} for {self._stall_batches} "
+                f"the watermark has stayed at {watermark_at} for {self._stall_batches} "
                 f"batches while {self._stall_rows} rows arrived; it is held back by {who}"
             )
             fix = (
@@ -245,9 +248,9 @@ class WatermarkMonitor:
             )
         else:
             message = (
-                f"the watermark has stayed at {_iso(snap.watermark_at)} for {self._stall_batches} "
+                f"the watermark has stayed at {watermark_at} for {self._stall_batches} "
                 f"batches while {self._stall_rows} rows arrived (max event time seen "
-                f"{_iso(self._stall_event_time_max_at)}): their event times do not move it forward"
+                f"{seen_max_at}): their event times do not move it forward"
             )
             fix = (
                 "check that the withWatermark column carries event time that advances "
@@ -305,10 +308,11 @@ class WatermarkMonitor:
 
     @staticmethod
     def _jump_verdict(jump: _Jump, action: str) -> Verdict:
+        evidence = jump.evidence()
         message = (
             f"the watermark jumped {jump.jump_seconds / 3600:.1f} h ahead in batch "
-            f"{jump.batch_id} (to {_iso(jump.watermark_after_at)}), moved by a row with event "
-            f"time {_iso(jump.caused_by_event_time_max_at)}; {jump.dropped_after_jump} rows "
+            f"{jump.batch_id} (to {evidence['watermark_after_at']}), moved by a row with event "
+            f"time {evidence['caused_by_event_time_max_at']}; {jump.dropped_after_jump} rows "
             "dropped as late since then are attributed to it"
         )
         fix = (
@@ -316,7 +320,7 @@ class WatermarkMonitor:
             "with ts <= current_timestamp() + INTERVAL 5 MINUTES); rows already dropped can be "
             "recovered with the late-row audit"
         )
-        return Verdict("watermark_jump", action, message, jump.evidence(), fix, severity="critical")
+        return Verdict("watermark_jump", action, message, evidence, fix, severity="critical")
 
 
 def _iso(value: datetime | None) -> str | None:
