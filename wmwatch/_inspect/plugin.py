@@ -1,8 +1,8 @@
 """The plan plugin: join-state and watermark checks for every watched query.
 
 The worker thread's hooks stay pure Python: they record progress, judge joins from their numbers
-and feed the watermark monitor. Everything that reads Spark (``plan``) runs on this plugin's own
-inspector thread, which reads a query's plan structure once per run (again only when a cheap
+and feed the watermark monitor. Everything that reads Spark (``plan``) runs on the inspector
+thread (``reads``), which reads a query's plan structure once per run (again only when a cheap
 periodic check finds its shape changed) and its watermarks after each batch, at most once per
 ``min_read_interval_seconds``; the cost of each kind of read is kept in
 :attr:`PlanPlugin.costs`. The findings come from ``evaluate``, the history rows go through
@@ -12,7 +12,6 @@ periodic check finds its shape changed) and its watermarks after each batch, at 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -38,6 +37,7 @@ from wmwatch._inspect.plan import (
     operator_watermarks_from_text,
     read_watermarks_jvm,
 )
+from wmwatch._inspect.reads import LatestReads
 from wmwatch._inspect.state import QueryState
 from wmwatch._inspect.tables import write_watermarks
 from wmwatch._inspect.watermarks import OperatorWatermark, SourceWatermark, WatermarkMonitor
@@ -52,7 +52,8 @@ class PlanPlugin(WatchPlugin):
     ``context`` hands out the running queries, the session (for per-side join state counts) and
     the history (optional). ``state_budget_bytes``: the state size a join may reach (memory or
     disk) for ``wmwatch_state_budget_seconds_remaining``. ``reinspect_every_batches``: how often
-    the light read also re-checks the plan's shape.
+    the light read also re-checks the plan's shape. ``min_read_interval_seconds``: the least time
+    between two plan reads of one query.
     """
 
     name = "plan"
@@ -73,10 +74,6 @@ class PlanPlugin(WatchPlugin):
         min_read_interval_seconds: float = 1.0,
     ) -> None:
         self._context = context
-        # py4j reads compete with the watched query for the driver: at most one per query per
-        # interval (the newest progress wins), however many batches a second it runs
-        self.min_read_interval_seconds = min_read_interval_seconds
-        self._last_read: dict[str, float] = {}
         self.state_budget_bytes = state_budget_bytes
         self.growth_window_batches = growth_window_batches
         self.min_growth_batches = min_growth_batches
@@ -100,14 +97,11 @@ class PlanPlugin(WatchPlugin):
         }
         self._lock = threading.RLock()
         self._queries: dict[str, QueryState] = {}
-        self._requests: dict[str, ProgressSnapshot] = {}
         self._connect_facts: dict[str, PlanFacts] = {}
         self._previous_watermark: dict[str, datetime | None] = {}
-        self._cond = threading.Condition()
-        self._busy = False
-        self._closed = False
-        self._thread = threading.Thread(target=self._inspect_loop, name="wmwatch-plan", daemon=True)
-        self._thread.start()
+        self._reads = LatestReads(
+            self._read, min_interval_seconds=min_read_interval_seconds, name="wmwatch-plan"
+        )
 
     # -- hooks (worker thread: pure Python, no py4j) ---------------------------------------
 
@@ -150,13 +144,10 @@ class PlanPlugin(WatchPlugin):
             self._judge_joins(q, snapshot.batch_id, at)
             for verdict in q.monitor.observe(snapshot, holding=q.sources):
                 apply_verdict(q, self.findings, verdict, batch_id=snapshot.batch_id, at=at)
-        with self._cond:
-            self._requests[snapshot.query_id] = snapshot
-            self._cond.notify_all()
+        self._reads.submit(snapshot.query_id, snapshot)
 
     def on_query_terminated(self, event: QueryTerminated) -> None:
-        with self._cond:
-            self._requests.pop(event.query_id, None)
+        self._reads.discard(event.query_id)
 
     def _new_run(self, q: QueryState, run_id: str) -> None:
         monitor = WatermarkMonitor(
@@ -176,50 +167,27 @@ class PlanPlugin(WatchPlugin):
 
     # -- inspector thread (py4j) -----------------------------------------------------------
 
+    @property
+    def min_read_interval_seconds(self) -> float:
+        return self._reads.min_interval_seconds
+
+    @min_read_interval_seconds.setter
+    def min_read_interval_seconds(self, seconds: float) -> None:
+        self._reads.min_interval_seconds = seconds
+
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until every queued inspection is done (tests and ``flush``)."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._requests or self._busy:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._cond.wait(min(remaining, 0.05))
-        return True
+        return self._reads.wait_idle(timeout)
 
-    def _inspect_loop(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    if self._closed:
-                        return
-                    now = time.monotonic()
-                    interval = self.min_read_interval_seconds
-                    waits = {
-                        qid: self._last_read.get(qid, -math.inf) + interval - now
-                        for qid in self._requests
-                    }
-                    ready = [qid for qid, wait in waits.items() if wait <= 0]
-                    if ready:
-                        break
-                    # nothing queued: sleep until a progress (or close) notifies, no polling
-                    self._cond.wait(min(waits.values(), default=None))
-                query_id = ready[0]
-                snapshot = self._requests.pop(query_id)
-                self._last_read[query_id] = now
-                self._busy = True
-            try:
-                self._inspect(snapshot)
-            except Exception:
-                log.debug("wmwatch: plan inspection failed for %s", query_id, exc_info=True)
-                with self._lock:
-                    q = self._queries.get(query_id)
-                    if q is not None:
-                        q.inspect_failures += 1
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
+    def _read(self, query_id: str, snapshot: ProgressSnapshot) -> None:
+        try:
+            self._inspect(snapshot)
+        except Exception:
+            log.debug("wmwatch: plan inspection failed for %s", query_id, exc_info=True)
+            with self._lock:
+                q = self._queries.get(query_id)
+                if q is not None:
+                    q.inspect_failures += 1
 
     def _inspect(self, snapshot: ProgressSnapshot) -> None:
         with self._lock:
@@ -408,9 +376,6 @@ class PlanPlugin(WatchPlugin):
 
     def close(self) -> None:
         self.wait_idle(timeout=5.0)
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(timeout=5.0)
+        self._reads.close(timeout=5.0)
         self.findings.flush()
 
