@@ -120,7 +120,6 @@ class PlanPlugin(WatchPlugin):
             q.name = snapshot.name or q.name
             if q.run_id != snapshot.run_id:
                 self._new_run(q, snapshot.run_id)
-            q.last = snapshot
             for source in snapshot.sources:
                 q.descriptions[source.index] = source.description
                 q.idle[source.index] = 0 if source.input_rows else q.idle.get(source.index, 0) + 1

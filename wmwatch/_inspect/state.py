@@ -14,12 +14,14 @@ from datetime import datetime
 from wmwatch._inspect.joins import Growth, JoinCheck, StateSample
 from wmwatch._inspect.plan import PlanFacts, WatermarkReading
 from wmwatch._inspect.watermarks import SourceWatermark, WatermarkMonitor, holding_back
-from wmwatch._progress import ProgressSnapshot, query_label
+from wmwatch._progress import query_label
 from wmwatch._text import redact
 
 
 @dataclass
 class QueryState:
+    """One query's inspection state; reset by :meth:`new_run` when a new run starts."""
+
     query_id: str
     name: str | None
     run_id: str | None = None
@@ -32,7 +34,6 @@ class QueryState:
     sources: list[SourceWatermark] = field(default_factory=list)
     idle: dict[int, int] = field(default_factory=dict)  # progress source index -> idle batches
     descriptions: dict[int, str] = field(default_factory=dict)
-    last: ProgressSnapshot | None = None
     batches_since_inspection: int = 0
     inspect_failures: int = 0
     side_rows: dict[int, deque[tuple[datetime, dict[str, int]]]] = field(default_factory=dict)
