@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-import duckdb
-
 from wmwatch._inspect.watermarks import OperatorWatermark, SourceWatermark
 
 if TYPE_CHECKING:
+    import duckdb
+
     from wmwatch._inspect.findings import Finding
 
 
