@@ -24,7 +24,9 @@ class Clock:
         return self.now
 
 
-def observe(book: FindingsBook, batch: int, *, rows: int = 10, side: str = "right") -> tuple[object, bool]:
+def observe(
+    book: FindingsBook, batch: int, *, rows: int = 10, side: str = "right"
+) -> tuple[object, bool]:
     return book.observe(
         query_id="q1",
         query_name="joins",
@@ -47,7 +49,9 @@ def test_finding_id_is_stable_and_distinct() -> None:
     assert a.startswith("join_state_unbounded-")
 
 
-def test_opened_once_updated_then_resolved_and_warned_once(caplog: pytest.LogCaptureFixture) -> None:
+def test_opened_once_updated_then_resolved_and_warned_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     book = FindingsBook()
     with caplog.at_level(logging.WARNING, logger="wmwatch.findings"):
         _first, opened = observe(book, 1)
@@ -58,7 +62,9 @@ def test_opened_once_updated_then_resolved_and_warned_once(caplog: pytest.LogCap
     (only,) = book.all()
     assert only.occurrences == 2 and only.evidence == {"state_rows": 20}
     assert only.first_batch_id == 1 and only.last_batch_id == 2 and only.status == ACTIVE
-    resolved = book.resolve(only.finding_id, at=T0 + timedelta(seconds=3), batch_id=3, reason="fixed")
+    resolved = book.resolve(
+        only.finding_id, at=T0 + timedelta(seconds=3), batch_id=3, reason="fixed"
+    )
     assert resolved is not None and resolved.status == RESOLVED
     assert book.resolve(only.finding_id, at=T0, batch_id=3, reason="again") is None
     assert book.all(active_only=True) == []

@@ -54,8 +54,13 @@ def test_classify(plan: JoinPlan, case: str, unbounded: tuple[str, ...]) -> None
 
 def test_fix_names_the_missing_watermark_and_a_range_condition() -> None:
     check = classify_join(join(NONE, NONE, True, False))
-    assert check.fixes["right"].startswith("add withWatermark on the right input and add a time-range")
-    assert "r.ts BETWEEN l.ts - INTERVAL 10 MINUTES AND l.ts + INTERVAL 10 MINUTES" in check.fixes["right"]
+    assert check.fixes["right"].startswith(
+        "add withWatermark on the right input and add a time-range"
+    )
+    assert (
+        "r.ts BETWEEN l.ts - INTERVAL 10 MINUTES AND l.ts + INTERVAL 10 MINUTES"
+        in check.fixes["right"]
+    )
     assert "withWatermark" not in classify_join(join(NONE, NONE)).fixes["left"]
     one_sided = classify_join(join(NONE, VALUE)).fixes["left"]
     assert one_sided.startswith("bound the left side too")
@@ -77,7 +82,9 @@ def test_parse_plan_tree_depths() -> None:
     assert b.children[0].children[0].name == "D"
 
 
-def samples(rows: list[int], *, removed: list[int] | None = None, watermark: bool = True) -> list[StateSample]:
+def samples(
+    rows: list[int], *, removed: list[int] | None = None, watermark: bool = True
+) -> list[StateSample]:
     out = []
     for i, total in enumerate(rows):
         out.append(

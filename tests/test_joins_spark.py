@@ -29,7 +29,9 @@ RANGE_COND = "lk = rk AND rts BETWEEN lts - INTERVAL 10 SECONDS AND lts + INTERV
 
 
 def rows(batch: int) -> list[dict[str, Any]]:
-    return [{"k": batch * 10 + j, "ts": f"2026-01-01T00:{batch:02d}:{j * 5:02d}Z"} for j in range(3)]
+    return [
+        {"k": batch * 10 + j, "ts": f"2026-01-01T00:{batch:02d}:{j * 5:02d}Z"} for j in range(3)
+    ]
 
 
 def start_join(
@@ -80,7 +82,11 @@ def run_batches(
         write_events(folder / name, rows(0))
     registry = CollectorRegistry()
     watch = wmwatch.attach(
-        spark, db=str(folder / "h.duckdb"), metrics_port=None, registry=registry, state_budget_bytes=budget
+        spark,
+        db=str(folder / "h.duckdb"),
+        metrics_port=None,
+        registry=registry,
+        state_budget_bytes=budget,
     )
     plugin = plan_plugin(watch)
     plugin.side_count_every_batches = side_count_every
@@ -99,10 +105,34 @@ CASES = [
     # id, left wm, right wm, condition, how, case, unbounded sides
     ("no_watermark", None, None, "lk = rk", "inner", NO_WATERMARK, ("left", "right")),
     ("one_side", "10 seconds", None, "lk = rk", "inner", ONE_SIDE_WATERMARK, ("left", "right")),
-    ("no_time", "10 seconds", "10 seconds", "lk = rk", "inner", NO_TIME_CONDITION, ("left", "right")),
-    ("one_range", "10 seconds", "10 seconds", "lk = rk AND rts >= lts", "inner", ONE_SIDED_RANGE, ("left",)),
+    (
+        "no_time",
+        "10 seconds",
+        "10 seconds",
+        "lk = rk",
+        "inner",
+        NO_TIME_CONDITION,
+        ("left", "right"),
+    ),
+    (
+        "one_range",
+        "10 seconds",
+        "10 seconds",
+        "lk = rk AND rts >= lts",
+        "inner",
+        ONE_SIDED_RANGE,
+        ("left",),
+    ),
     ("range", "10 seconds", "10 seconds", RANGE_COND, "inner", RANGE, ()),
-    ("equality", "10 seconds", "10 seconds", "lk = rk AND lts = rts", "inner", EVENT_TIME_EQUALITY, ()),
+    (
+        "equality",
+        "10 seconds",
+        "10 seconds",
+        "lk = rk AND lts = rts",
+        "inner",
+        EVENT_TIME_EQUALITY,
+        (),
+    ),
     ("left_outer", "10 seconds", "10 seconds", RANGE_COND, "leftOuter", RANGE, ()),
     ("full_outer", "10 seconds", "10 seconds", RANGE_COND, "fullOuter", RANGE, ()),
 ]
@@ -129,7 +159,9 @@ def test_join_case_classified_and_growth_flagged(
     try:
         label = query.name
         summary = plugin.summary()[label]
-        assert summary["joins"] == [{"operator_id": 0, "case": case, "unbounded_sides": list(unbounded)}]
+        assert summary["joins"] == [
+            {"operator_id": 0, "case": case, "unbounded_sides": list(unbounded)}
+        ]
         # the text path (Spark Connect) must agree with the py4j path on the same plan
         text = query._jsq.streamingQuery().lastExecution().executedPlan().toString()
         (from_text,) = parse_join_lines(str(text))
@@ -200,9 +232,12 @@ def test_finding_recorded_once_with_fix_and_budget(spark: Any, stream_dir: Path)
             "wmwatch_state_budget_seconds_remaining", {"query": label, "operator": "0"}
         )
         assert remaining is not None and remaining > 0
-        assert registry.get_sample_value(
-            "wmwatch_findings_active", {"query": label, "kind": "join_state_unbounded"}
-        ) == 2.0
+        assert (
+            registry.get_sample_value(
+                "wmwatch_findings_active", {"query": label, "kind": "join_state_unbounded"}
+            )
+            == 2.0
+        )
     finally:
         query.stop()
         watch.close()
@@ -243,7 +278,9 @@ def test_bounded_join_never_flagged_over_a_long_run(spark: Any, stream_dir: Path
         watch.close()
 
 
-def test_one_sided_range_per_side_counts_show_which_side_grows(spark: Any, stream_dir: Path) -> None:
+def test_one_sided_range_per_side_counts_show_which_side_grows(
+    spark: Any, stream_dir: Path
+) -> None:
     query, plugin, registry, watch = run_batches(
         spark,
         stream_dir,
@@ -266,8 +303,12 @@ def test_one_sided_range_per_side_counts_show_which_side_grows(spark: Any, strea
         # (at most two batches of right rows wait for their eviction, whenever the count ran)
         assert last["left"] >= first["left"] + 6 and last["right"] <= 6
         labels = {"query": query.name, "operator": "0"}
-        left_rate = registry.get_sample_value("wmwatch_state_growth_rows_per_second", {**labels, "side": "left"})
-        right_rate = registry.get_sample_value("wmwatch_state_growth_rows_per_second", {**labels, "side": "right"})
+        left_rate = registry.get_sample_value(
+            "wmwatch_state_growth_rows_per_second", {**labels, "side": "left"}
+        )
+        right_rate = registry.get_sample_value(
+            "wmwatch_state_growth_rows_per_second", {**labels, "side": "right"}
+        )
         assert left_rate is not None and right_rate is not None and left_rate > max(right_rate, 0)
     finally:
         query.stop()

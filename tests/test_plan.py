@@ -17,7 +17,8 @@ from wmwatch._inspect.joins import (
     VALUE,
     classify_join,
 )
-from wmwatch._inspect.plugin import facts_from_text, interval_seconds, operator_watermarks_from_text
+from wmwatch._inspect.plan import facts_from_text, operator_watermarks_from_text
+from wmwatch._time import interval_seconds
 
 PLANS = Path(__file__).parent / "fixtures" / "plans"
 
@@ -29,7 +30,14 @@ def plan(name: str) -> str:
 @pytest.mark.parametrize(
     ("name", "join_type", "cleanup", "watermarks", "case", "unbounded"),
     [
-        ("join_no_watermark", "Inner", (NONE, NONE), (False, False), NO_WATERMARK, ("left", "right")),
+        (
+            "join_no_watermark",
+            "Inner",
+            (NONE, NONE),
+            (False, False),
+            NO_WATERMARK,
+            ("left", "right"),
+        ),
         ("join_one_sided_range", "Inner", (NONE, VALUE), (True, True), ONE_SIDED_RANGE, ("left",)),
         ("join_equality", "Inner", (KEY, KEY), (True, True), EVENT_TIME_EQUALITY, ()),
         ("join_range_left_outer", "LeftOuter", (VALUE, VALUE), (True, True), RANGE, ()),
@@ -58,7 +66,9 @@ def test_join_facts_from_explain_text(
 def test_one_sided_range_keeps_the_predicate_text() -> None:
     (join,) = facts_from_text(plan("join_one_sided_range")).joins
     assert join.left_predicate is None
-    assert join.right_predicate is not None and join.right_predicate.startswith("value predicate: (rts#")
+    assert join.right_predicate is not None and join.right_predicate.startswith(
+        "value predicate: (rts#"
+    )
     assert join.condition is not None and "rts#75-T10000ms >= lts#70-T10000ms" in join.condition
 
 

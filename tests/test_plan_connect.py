@@ -21,7 +21,9 @@ def test_connect_join_classified_from_plan_text(tmp_path: Path) -> None:
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"no result; stderr tail: {done.stderr[-2000:]}"
     result = json.loads(lines[-1][len("RESULT ") :])
-    assert result["joins"] == [{"operator_id": 0, "case": "one_sided_range", "unbounded_sides": ["left"]}]
+    assert result["joins"] == [
+        {"operator_id": 0, "case": "one_sided_range", "unbounded_sides": ["left"]}
+    ]
     assert result["findings"] == [["join_state_unbounded", "left"]]
     assert result["via"] == ["text"]
     (operator,) = result["operators"]

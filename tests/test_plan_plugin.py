@@ -1,4 +1,5 @@
-"""The plan plugin's hooks without a plan: behaviour-only join check, hooks that never wait, metrics."""
+"""The plan plugin's hooks without a plan: behaviour-only join check, hooks that never wait,
+metrics."""
 
 from __future__ import annotations
 
@@ -8,16 +9,28 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from wmwatch._core.plugins import WatchPlugin
 from wmwatch._inspect.plugin import PlanPlugin
 from wmwatch._progress import ProgressSnapshot, parse_progress
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-class NoQueries:
-    """A watch that cannot hand out the query (as when plan access is unavailable)."""
+class NoSession:
+    """A watch context without a session or a history."""
 
+    spark = None
     store = None
+
+    def plugins(self) -> list[WatchPlugin]:
+        return []
+
+    def add_plugin(self, plugin: WatchPlugin) -> None:
+        pass
+
+
+class NoQueries(NoSession):
+    """A watch that cannot hand out the query (as when plan access is unavailable)."""
 
     def get_query(self, query_id: str) -> Any:
         return None
@@ -85,10 +98,8 @@ def test_bounded_numbers_without_a_plan_are_not_flagged() -> None:
         plugin.close()
 
 
-class StuckQueries:
+class StuckQueries(NoSession):
     """A watch whose ``get_query`` (the first step of every plan read) hangs until released."""
-
-    store = None
 
     def __init__(self) -> None:
         self.entered = threading.Event()

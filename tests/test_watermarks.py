@@ -70,7 +70,9 @@ def test_stalled_after_n_batches_with_input_then_resolved() -> None:
     wm = T0 + timedelta(minutes=1)
     verdicts = []
     for batch in range(4):
-        verdicts += monitor.observe(progress(batch, wm, max_at=T0 + timedelta(minutes=batch + 5)), holding=held)
+        verdicts += monitor.observe(
+            progress(batch, wm, max_at=T0 + timedelta(minutes=batch + 5)), holding=held
+        )
     (stalled,) = verdicts
     assert stalled.kind == "watermark_stalled" and stalled.action == "open"
     assert stalled.evidence["holding_back"] == ["right"]
@@ -94,7 +96,9 @@ def test_steady_advance_is_no_jump_and_the_first_watermark_is_no_jump() -> None:
 def test_jump_flagged_and_later_drops_attributed_until_event_times_catch_up() -> None:
     monitor = WatermarkMonitor(jump_min_seconds=3600)
     for batch in range(4):
-        monitor.observe(progress(batch, T0 + timedelta(minutes=batch), max_at=T0 + timedelta(minutes=batch)))
+        monitor.observe(
+            progress(batch, T0 + timedelta(minutes=batch), max_at=T0 + timedelta(minutes=batch))
+        )
     future = T0 + timedelta(days=2)
     assert monitor.observe(progress(4, T0 + timedelta(minutes=4), max_at=future)) == []
     (jump,) = monitor.observe(progress(5, future - timedelta(seconds=10), rows=0))

@@ -61,7 +61,9 @@ def test_idle_input_named_as_holding_the_watermark_back(spark: Any, stream_dir: 
             query.processAllAvailable()
         settle(watch, plugin)
         summary = plugin.summary()["two_inputs"]
-        by_source = {Path(s["source"].split("file:")[1].rstrip("]")).name: s for s in summary["sources"]}
+        by_source = {
+            Path(s["source"].split("file:")[1].rstrip("]")).name: s for s in summary["sources"]
+        }
         assert summary["policy"] == "min"
         assert by_source["right"]["holding_back"] is True
         assert by_source["right"]["idle_batches"] >= 5
@@ -80,12 +82,15 @@ def test_idle_input_named_as_holding_the_watermark_back(spark: Any, stream_dir: 
             )
             == 0.0
         )
-        assert registry.get_sample_value("wmwatch_source_watermark_seconds", labels) == pytest.approx(
-            1767225650.0
-        )
         assert registry.get_sample_value(
-            "wmwatch_multiple_watermark_policy_info", {"query": "two_inputs", "policy": "min"}
-        ) == 1.0
+            "wmwatch_source_watermark_seconds", labels
+        ) == pytest.approx(1767225650.0)
+        assert (
+            registry.get_sample_value(
+                "wmwatch_multiple_watermark_policy_info", {"query": "two_inputs", "policy": "min"}
+            )
+            == 1.0
+        )
 
         stalled = [f for f in summary["findings"] if f["kind"] == "watermark_stalled"]
         assert len(stalled) == 1 and stalled[0]["status"] == "active"
@@ -102,18 +107,24 @@ def test_idle_input_named_as_holding_the_watermark_back(spark: Any, stream_dir: 
             "AND batch_id = (SELECT max(batch_id) FROM source_watermarks WHERE query_id = ?)",
             [query_id, query_id],
         ).fetchall()
-        kinds = con.execute("SELECT kind, status FROM findings WHERE query_id = ?", [query_id]).fetchall()
+        kinds = con.execute(
+            "SELECT kind, status FROM findings WHERE query_id = ?", [query_id]
+        ).fetchall()
     finally:
         con.close()
     assert sorted((r[0] == right_label, r[1]) for r in rows) == [(False, False), (True, True)]
     assert ("watermark_stalled", "active") in kinds
 
-    result = CliRunner().invoke(app, ["report", "--db", str(stream_dir / "h.duckdb"), "--format", "json"])
+    result = CliRunner().invoke(
+        app, ["report", "--db", str(stream_dir / "h.duckdb"), "--format", "json"]
+    )
     assert result.exit_code == 0, result.output
     (reported,) = json.loads(result.stdout)["queries"]
     assert reported["watermarks"]["holding_back"] == [right_label]
     assert reported["watermarks"]["policy"] == "min"
-    table = CliRunner().invoke(app, ["report", "--db", str(stream_dir / "h.duckdb")], terminal_width=250)
+    table = CliRunner().invoke(
+        app, ["report", "--db", str(stream_dir / "h.duckdb")], terminal_width=250
+    )
     assert table.exit_code == 0, table.output
     # the table wraps at 80 columns: the right input's row carries the note
     text = " ".join(table.stdout.split())
@@ -126,7 +137,9 @@ def test_chained_aggregations_show_both_operator_watermarks(spark: Any, stream_d
     registry = CollectorRegistry()
     watch, plugin = attach(spark, stream_dir, registry)
     events = spark.readStream.schema("k INT, ts TIMESTAMP").json(str(stream_dir / "in"))
-    per_minute = events.withWatermark("ts", "10 seconds").groupBy(F.window("ts", "1 minute")).count()
+    per_minute = (
+        events.withWatermark("ts", "10 seconds").groupBy(F.window("ts", "1 minute")).count()
+    )
     per_five = per_minute.groupBy(F.window(F.col("window"), "5 minutes")).agg(F.sum("count"))
     write_events(stream_dir / "in", [{"k": 0, "ts": ts(0, 30)}])
     query = (
@@ -147,7 +160,8 @@ def test_chained_aggregations_show_both_operator_watermarks(spark: Any, stream_d
         for op in ("0", "1"):
             for kind in ("late", "eviction"):
                 value = registry.get_sample_value(
-                    "wmwatch_operator_watermark_seconds", {"query": "chained", "operator": op, "kind": kind}
+                    "wmwatch_operator_watermark_seconds",
+                    {"query": "chained", "operator": op, "kind": kind},
                 )
                 assert value is not None and value > 0
         query_id = str(query.id)
@@ -165,12 +179,15 @@ def test_chained_aggregations_show_both_operator_watermarks(spark: Any, stream_d
         ).fetchall()
     finally:
         con.close()
-    # both operators in the same batch; eviction uses the batch's watermark, late rows the previous one
+    # both operators in the same batch; eviction uses the batch's watermark, late rows the
+    # previous one
     assert [r[1] for r in rows] == [0, 1] and rows[0][0] == rows[1][0]
     assert all(r[2] and r[3] for r in rows)
 
 
-def test_future_dated_row_flags_a_jump_and_the_drops_it_caused(spark: Any, stream_dir: Path) -> None:
+def test_future_dated_row_flags_a_jump_and_the_drops_it_caused(
+    spark: Any, stream_dir: Path
+) -> None:
     registry = CollectorRegistry()
     watch, plugin = attach(spark, stream_dir, registry)
     events = spark.readStream.schema("k INT, ts TIMESTAMP").json(str(stream_dir / "in"))
@@ -184,24 +201,35 @@ def test_future_dated_row_flags_a_jump_and_the_drops_it_caused(spark: Any, strea
     )
     try:
         for minute in range(4):
-            write_events(stream_dir / "in", [{"k": minute * 10 + j, "ts": ts(minute, j)} for j in range(2)])
+            write_events(
+                stream_dir / "in", [{"k": minute * 10 + j, "ts": ts(minute, j)} for j in range(2)]
+            )
             query.processAllAvailable()
-        write_events(stream_dir / "in", [{"k": 99, "ts": "2026-01-03T00:00:00Z"}, {"k": 98, "ts": ts(4)}])
+        write_events(
+            stream_dir / "in", [{"k": 99, "ts": "2026-01-03T00:00:00Z"}, {"k": 98, "ts": ts(4)}]
+        )
         query.processAllAvailable()
         for minute in (5, 6):  # on time by the clock of the source, but behind the jumped watermark
-            write_events(stream_dir / "in", [{"k": minute * 10 + j, "ts": ts(minute, j)} for j in range(3)])
+            write_events(
+                stream_dir / "in", [{"k": minute * 10 + j, "ts": ts(minute, j)} for j in range(3)]
+            )
             query.processAllAvailable()
         settle(watch, plugin)
-        (jump,) = [f for f in plugin.summary()["jumpy"]["findings"] if f["kind"] == "watermark_jump"]
+        (jump,) = [
+            f for f in plugin.summary()["jumpy"]["findings"] if f["kind"] == "watermark_jump"
+        ]
         assert jump["status"] == "active" and jump["severity"] == "critical"
         evidence = jump["evidence"]
         assert evidence["watermark_after_at"] == "2026-01-02T23:59:50+00:00"
         assert evidence["caused_by_event_time_max_at"] == "2026-01-03T00:00:00+00:00"
         assert evidence["jump_seconds"] > 86000
         assert evidence["dropped_after_jump"] == 6
-        assert registry.get_sample_value(
-            "wmwatch_findings_active", {"query": "jumpy", "kind": "watermark_jump"}
-        ) == 1.0
+        assert (
+            registry.get_sample_value(
+                "wmwatch_findings_active", {"query": "jumpy", "kind": "watermark_jump"}
+            )
+            == 1.0
+        )
         query_id = str(query.id)
     finally:
         query.stop()
@@ -209,7 +237,8 @@ def test_future_dated_row_flags_a_jump_and_the_drops_it_caused(spark: Any, strea
     con = duckdb.connect(str(stream_dir / "h.duckdb"), read_only=True)
     try:
         dropped_after = con.execute(
-            "SELECT sum(rows_dropped_by_watermark) FROM batches WHERE query_id = ? AND batch_id > ?",
+            "SELECT sum(rows_dropped_by_watermark) FROM batches"
+            " WHERE query_id = ? AND batch_id > ?",
             [query_id, evidence["batch_id"]],
         ).fetchone()
     finally:

@@ -1,5 +1,9 @@
 """Plan inspection: join-state and watermark checks read from the running query's plan.
 
-``joins`` and ``watermarks`` hold the pure rules, ``findings`` the diagnosed problems and their
-table, ``plugin`` reads Spark and puts them together.
+``joins`` and ``watermarks`` hold the pure rules, ``findings`` the diagnosed problems, ``plan``
+reads the plan's facts and watermarks from Spark (py4j or Connect's explain text) and ``reads``
+runs those reads on their own thread. ``state`` is what is known of one query, ``evaluate`` turns
+it into findings, ``tables`` writes the feature's tables (``findings``, ``operator_watermarks``,
+``source_watermarks``), ``metrics`` builds its metric families and ``report`` holds its report
+sections. ``plugin`` puts them together on the watch.
 """

@@ -4,14 +4,12 @@ A finding is identified by query, kind, operator and side (:func:`finding_id`), 
 same problem in every batch updates one record (last seen, occurrences, fresh evidence) instead of
 adding rows. The first time a finding opens it is logged once at WARNING; it is written to the
 ``findings`` table when it opens, when it resolves and at most every ``update_interval_seconds``
-in between. Every write is an upsert on the finding id that never moves ``first_seen_at`` later
-or ``occurrences`` backwards, so a retried write and a restarted process leave the same row.
+in between (the write itself is :func:`wmwatch._inspect.tables.write_finding`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 import time
@@ -19,6 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
+
+from wmwatch._core.plugins import Write
+from wmwatch._inspect.tables import write_finding
 
 log = logging.getLogger("wmwatch.findings")
 
@@ -83,7 +84,7 @@ class Finding:
         }
 
 
-Writer = Callable[[Callable[[Any], None], str], None]
+Writer = Callable[[Write, str], None]
 
 
 @dataclass
@@ -157,7 +158,9 @@ class FindingsBook:
             self._write(finding)
         return finding, opened
 
-    def resolve(self, fid: str, *, at: datetime, batch_id: int | None, reason: str) -> Finding | None:
+    def resolve(
+        self, fid: str, *, at: datetime, batch_id: int | None, reason: str
+    ) -> Finding | None:
         """Mark an active finding resolved (kept in the table with its history)."""
         with self._lock:
             old = self._findings.get(fid)
@@ -174,7 +177,8 @@ class FindingsBook:
                 resolved_at=at,
             )
             self._findings[fid] = finding
-        log.info("wmwatch: resolved %s in query %s: %s", old.kind, old.query_name or old.query_id, reason)
+        who = old.query_name or old.query_id
+        log.info("wmwatch: resolved %s in query %s: %s", old.kind, who, reason)
         self._write(finding)
         return finding
 
@@ -204,49 +208,7 @@ class FindingsBook:
         self._written_at[finding.finding_id] = self.clock()
         if self.writer is None:
             return
-        self.writer(lambda con: upsert_finding(con, finding), f"finding {finding.kind}")
-
-
-def upsert_finding(con: Any, finding: Finding) -> None:
-    """Idempotent write of one finding (DuckDB connection inside the store's transaction)."""
-    con.execute(
-        """
-        INSERT INTO findings (finding_id, query_id, query_name, operator_id, side, kind, severity,
-            status, message, evidence, fix, first_seen_at, last_seen_at, first_batch_id,
-            last_batch_id, occurrences)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-        ON CONFLICT (finding_id) DO UPDATE SET
-            query_name = excluded.query_name,
-            severity = excluded.severity,
-            status = excluded.status,
-            message = excluded.message,
-            evidence = excluded.evidence,
-            fix = excluded.fix,
-            first_seen_at = least(findings.first_seen_at, excluded.first_seen_at),
-            last_seen_at = greatest(findings.last_seen_at, excluded.last_seen_at),
-            first_batch_id = coalesce(findings.first_batch_id, excluded.first_batch_id),
-            last_batch_id = excluded.last_batch_id,
-            occurrences = greatest(findings.occurrences, excluded.occurrences)
-        """,
-        [
-            finding.finding_id,
-            finding.query_id,
-            finding.query_name,
-            finding.operator_id,
-            finding.side,
-            finding.kind,
-            finding.severity,
-            finding.status,
-            finding.message,
-            json.dumps(finding.evidence, sort_keys=True, default=str),
-            finding.fix,
-            finding.first_seen_at,
-            finding.last_seen_at,
-            finding.first_batch_id,
-            finding.last_batch_id,
-            finding.occurrences,
-        ],
-    )
+        self.writer(lambda con: write_finding(con, finding), f"finding {finding.kind}")
 
 
 _SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}

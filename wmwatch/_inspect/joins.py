@@ -158,7 +158,9 @@ def fix_text(plan: JoinPlan, case: str, side: str) -> str:
 # -- plan text (Spark Connect: explain output; classic: executedPlan().toString()) -------------
 
 _OP_ID = re.compile(r"opId = (\d+)")
-_CLEANUP = re.compile(r"state cleanup \[ left(?: = |\s)(?P<left>.*?), right(?: = |\s)(?P<right>.*?) \]")
+_CLEANUP = re.compile(
+    r"state cleanup \[ left(?: = |\s)(?P<left>.*?), right(?: = |\s)(?P<right>.*?) \]"
+)
 _JOIN_TYPES = ("LeftOuter", "RightOuter", "FullOuter", "LeftSemi", "LeftAnti", "Inner", "Cross")
 
 

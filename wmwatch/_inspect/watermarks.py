@@ -7,7 +7,7 @@ eviction watermarks. This module holds the pure logic over those values:
 :func:`holding_back` names the input the global watermark waits for (an idle input included),
 and :class:`WatermarkMonitor` turns a query's progress into ``watermark_stalled`` (rows flow,
 the watermark does not move) and ``watermark_jump`` (one batch moves it far ahead; the rows
-dropped afterwards are attributed to the jump) verdicts. No JVM here: ``_plan`` reads Spark.
+dropped afterwards are attributed to the jump) verdicts. No JVM here: ``plan`` reads Spark.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from wmwatch._progress import EPOCH, ProgressSnapshot
+from wmwatch._progress import ProgressSnapshot
+from wmwatch._time import EPOCH
 
 MIN_POLICY = "min"
 MAX_POLICY = "max"
@@ -42,8 +43,6 @@ class SourceWatermark:
     def event_time_max_at(self) -> datetime | None:
         if self.watermark_at is None or self.delay_seconds is None:
             return None
-        from datetime import timedelta
-
         return self.watermark_at + timedelta(seconds=self.delay_seconds)
 
 
@@ -64,10 +63,10 @@ def holding_back(sources: Sequence[SourceWatermark], policy: str) -> list[Source
     lowest while another is ahead of it. Under ``max`` nothing holds the watermark back (a slow
     input's rows are dropped instead). An input with no rows yet in this run is not counted.
     """
-    known = [s for s in sources if s.watermark_at is not None]
+    known = [s.watermark_at for s in sources if s.watermark_at is not None]
     marked = []
-    lowest = min((s.watermark_at for s in known), default=None)  # type: ignore[type-var]
-    highest = max((s.watermark_at for s in known), default=None)  # type: ignore[type-var]
+    lowest = min(known, default=None)
+    highest = max(known, default=None)
     for s in sources:
         back = (
             policy.lower() == MIN_POLICY
@@ -101,6 +100,39 @@ class Verdict:
 
 
 @dataclass
+class _Jump:
+    """A watermark jump being followed: the rows dropped as late until the event times catch up
+    with the new watermark (or ``batches_left`` runs out) are attributed to it."""
+
+    batch_id: int
+    watermark_before_at: datetime | None
+    watermark_after_at: datetime
+    jump_seconds: float
+    typical_advance_seconds: float | None
+    ahead_of_batch_time_seconds: float | None
+    caused_by_event_time_max_at: datetime | None
+    caused_by_batch_id: int
+    batches_left: int
+    dropped_after_jump: int = 0
+    batches_with_drops: list[int] = field(default_factory=list)
+
+    def evidence(self) -> dict[str, object]:
+        before_at, caused_at = self.watermark_before_at, self.caused_by_event_time_max_at
+        return {
+            "batch_id": self.batch_id,
+            "watermark_before_at": before_at and before_at.isoformat(),
+            "watermark_after_at": self.watermark_after_at.isoformat(),
+            "jump_seconds": self.jump_seconds,
+            "typical_advance_seconds": self.typical_advance_seconds,
+            "ahead_of_batch_time_seconds": self.ahead_of_batch_time_seconds,
+            "caused_by_event_time_max_at": caused_at and caused_at.isoformat(),
+            "caused_by_batch_id": self.caused_by_batch_id,
+            "dropped_after_jump": self.dropped_after_jump,
+            "batches_with_drops": self.batches_with_drops,
+        }
+
+
+@dataclass
 class WatermarkMonitor:
     """Watches one query's global watermark batch by batch.
 
@@ -121,11 +153,11 @@ class WatermarkMonitor:
     _stall_rows: int = 0
     _stall_event_time_max_at: datetime | None = None
     _stalled_open: bool = False
-    _jump: dict[str, object] | None = None
-    _jump_watermark_at: datetime | None = None
-    _jump_batches_left: int = 0
+    _jump: _Jump | None = None
 
-    def observe(self, snap: ProgressSnapshot, *, holding: Sequence[SourceWatermark] = ()) -> list[Verdict]:
+    def observe(
+        self, snap: ProgressSnapshot, *, holding: Sequence[SourceWatermark] = ()
+    ) -> list[Verdict]:
         verdicts: list[Verdict] = []
         last, self._last = self._last, snap
         if snap.watermark_at is None:
@@ -171,7 +203,8 @@ class WatermarkMonitor:
         self._stall_batches += 1
         self._stall_rows += snap.input_rows
         if snap.event_time_max_at is not None and (
-            self._stall_event_time_max_at is None or snap.event_time_max_at > self._stall_event_time_max_at
+            self._stall_event_time_max_at is None
+            or snap.event_time_max_at > self._stall_event_time_max_at
         ):
             self._stall_event_time_max_at = snap.event_time_max_at
         if self._stall_batches < self.stall_batches:
@@ -184,36 +217,40 @@ class WatermarkMonitor:
             else None
         )
         back = [s for s in holding if s.holding_back]
+        watermark_at = snap.watermark_at and snap.watermark_at.isoformat()
+        seen_max_at = self._stall_event_time_max_at and self._stall_event_time_max_at.isoformat()
         evidence: dict[str, object] = {
-            "watermark_at": _iso(snap.watermark_at),
+            "watermark_at": watermark_at,
             "since_batch_id": since.batch_id,
             "batches": self._stall_batches,
             "input_rows": self._stall_rows,
             "stalled_seconds": stalled_seconds,
-            "event_time_max_at": _iso(self._stall_event_time_max_at),
+            "event_time_max_at": seen_max_at,
         }
         if back:
             evidence["holding_back"] = [s.source for s in back]
             evidence["holding_back_idle_batches"] = {s.source: s.idle_batches for s in back}
             who = ", ".join(
-                f"{s.source} ({'idle for ' + str(s.idle_batches) + ' batches' if s.idle_batches else 'behind'})"
+                f"{s.source} (idle for {s.idle_batches} batches)"
+                if s.idle_batches
+                else f"{s.source} (behind)"
                 for s in back
             )
             message = (
-                f"the watermark has stayed at {_iso(snap.watermark_at)} for {self._stall_batches} "
+                f"the watermark has stayed at {watermark_at} for {self._stall_batches} "
                 f"batches while {self._stall_rows} rows arrived; it is held back by {who}"
             )
             fix = (
                 "an input that stops receiving data holds the global watermark under the default "
-                "multipleWatermarkPolicy=min: feed it (or a heartbeat row), drop it from the query, "
-                "or set spark.sql.streaming.multipleWatermarkPolicy=max if dropping its late rows "
-                "is acceptable"
+                "multipleWatermarkPolicy=min: feed it (or a heartbeat row), drop it from the "
+                "query, or set spark.sql.streaming.multipleWatermarkPolicy=max if dropping its "
+                "late rows is acceptable"
             )
         else:
             message = (
-                f"the watermark has stayed at {_iso(snap.watermark_at)} for {self._stall_batches} "
+                f"the watermark has stayed at {watermark_at} for {self._stall_batches} "
                 f"batches while {self._stall_rows} rows arrived (max event time seen "
-                f"{_iso(self._stall_event_time_max_at)}): their event times do not move it forward"
+                f"{seen_max_at}): their event times do not move it forward"
             )
             fix = (
                 "check that the withWatermark column carries event time that advances "
@@ -223,7 +260,9 @@ class WatermarkMonitor:
 
     # -- jump ------------------------------------------------------------------------------
 
-    def _maybe_jump(self, snap: ProgressSnapshot, last: ProgressSnapshot, delta: float) -> list[Verdict]:
+    def _maybe_jump(
+        self, snap: ProgressSnapshot, last: ProgressSnapshot, delta: float
+    ) -> list[Verdict]:
         typical = statistics.median(self._deltas) if self._deltas else None
         if delta < self.jump_min_seconds:
             return []
@@ -234,60 +273,54 @@ class WatermarkMonitor:
             if snap.watermark_at and snap.timestamp_at
             else None
         )
-        self._jump_watermark_at = snap.watermark_at
-        self._jump_batches_left = self.attribute_batches
-        self._jump = {
-            "batch_id": snap.batch_id,
-            "watermark_before_at": _iso(last.watermark_at),
-            "watermark_after_at": _iso(snap.watermark_at),
-            "jump_seconds": delta,
-            "typical_advance_seconds": typical,
-            "ahead_of_batch_time_seconds": ahead,
+        assert snap.watermark_at is not None  # observe() returns before when there is none
+        self._jump = _Jump(
+            batch_id=snap.batch_id,
+            watermark_before_at=last.watermark_at,
+            watermark_after_at=snap.watermark_at,
+            jump_seconds=delta,
+            typical_advance_seconds=typical,
+            ahead_of_batch_time_seconds=ahead,
             # the row that moved it arrived in the previous data batch (watermarks trail a batch)
-            "caused_by_event_time_max_at": _iso(last.event_time_max_at or snap.event_time_max_at),
-            "caused_by_batch_id": last.batch_id if last.event_time_max_at else snap.batch_id,
-            "dropped_after_jump": 0,
-            "batches_with_drops": [],
-        }
-        return [self._jump_verdict("open")]
+            caused_by_event_time_max_at=last.event_time_max_at or snap.event_time_max_at,
+            caused_by_batch_id=last.batch_id if last.event_time_max_at else snap.batch_id,
+            batches_left=self.attribute_batches,
+        )
+        return [self._jump_verdict(self._jump, "open")]
 
     def _attribute(self, snap: ProgressSnapshot) -> list[Verdict]:
-        if self._jump is None or self._jump_watermark_at is None:
-            return []
-        if snap.batch_id == self._jump["batch_id"]:
+        jump = self._jump
+        if jump is None or snap.batch_id == jump.batch_id:
             return []
         dropped = snap.rows_dropped_by_watermark
         if dropped:
-            self._jump["dropped_after_jump"] = int(self._jump["dropped_after_jump"]) + dropped  # type: ignore[call-overload]
-            batches = self._jump["batches_with_drops"]
-            assert isinstance(batches, list)
-            if len(batches) < 50:
-                batches.append(snap.batch_id)
-        self._jump_batches_left -= 1
+            jump.dropped_after_jump += dropped
+            if len(jump.batches_with_drops) < 50:
+                jump.batches_with_drops.append(snap.batch_id)
+        jump.batches_left -= 1
         caught_up = (
-            snap.event_time_max_at is not None and snap.event_time_max_at >= self._jump_watermark_at
+            snap.event_time_max_at is not None and snap.event_time_max_at >= jump.watermark_after_at
         )
-        if caught_up or self._jump_batches_left <= 0:
-            verdict = self._jump_verdict("resolve")
+        if caught_up or jump.batches_left <= 0:
             self._jump = None
-            self._jump_watermark_at = None
-            return [verdict]
-        return [self._jump_verdict("open")] if dropped else []
+            return [self._jump_verdict(jump, "resolve")]
+        return [self._jump_verdict(jump, "open")] if dropped else []
 
-    def _jump_verdict(self, action: str) -> Verdict:
-        jump = dict(self._jump or {})
+    @staticmethod
+    def _jump_verdict(jump: _Jump, action: str) -> Verdict:
+        evidence = jump.evidence()
         message = (
-            f"the watermark jumped {float(jump['jump_seconds']) / 3600:.1f} h ahead in batch "  # type: ignore[arg-type]
-            f"{jump['batch_id']} (to {jump['watermark_after_at']}), moved by a row with event time "
-            f"{jump['caused_by_event_time_max_at']}; {jump['dropped_after_jump']} rows dropped "
-            "as late since then are attributed to it"
+            f"the watermark jumped {jump.jump_seconds / 3600:.1f} h ahead in batch "
+            f"{jump.batch_id} (to {evidence['watermark_after_at']}), moved by a row with event "
+            f"time {evidence['caused_by_event_time_max_at']}; {jump.dropped_after_jump} rows "
+            "dropped as late since then are attributed to it"
         )
         fix = (
             "filter or quarantine future-dated rows before withWatermark (e.g. keep only rows "
             "with ts <= current_timestamp() + INTERVAL 5 MINUTES); rows already dropped can be "
             "recovered with the late-row audit"
         )
-        return Verdict("watermark_jump", action, message, jump, fix, severity="critical")
+        return Verdict("watermark_jump", action, message, evidence, fix, severity="critical")
 
 
 def _iso(value: datetime | None) -> str | None:

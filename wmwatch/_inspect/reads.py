@@ -1,0 +1,90 @@
+"""The plan reads' own thread: the newest request per query, at most one read per interval.
+
+py4j reads compete with the watched query for the driver and can stall, so they never run on the
+watch's worker thread. A query that completes many batches a second gets one read per
+``min_interval_seconds`` (the newest progress wins); the others are dropped, not queued.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class LatestReads(Generic[T]):
+    """Runs ``read(key, request)`` on one daemon thread for the newest request of each key.
+
+    ``read`` must not raise: the thread serves every query of the watch.
+    """
+
+    def __init__(
+        self, read: Callable[[str, T], None], *, min_interval_seconds: float, name: str
+    ) -> None:
+        self.min_interval_seconds = min_interval_seconds
+        self._read = read
+        self._requests: dict[str, T] = {}
+        self._last_read: dict[str, float] = {}
+        self._cond = threading.Condition()
+        self._busy = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, key: str, request: T) -> None:
+        """Ask for a read; replaces a request of the same key still waiting."""
+        with self._cond:
+            self._requests[key] = request
+            self._cond.notify_all()
+
+    def discard(self, key: str) -> None:
+        with self._cond:
+            self._requests.pop(key, None)
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Wait until every waiting request is read; False if ``timeout`` passed first."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._requests or self._busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(min(remaining, 0.05))
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    now = time.monotonic()
+                    waits = {
+                        key: self._last_read.get(key, -math.inf) + self.min_interval_seconds - now
+                        for key in self._requests
+                    }
+                    ready = [key for key, wait in waits.items() if wait <= 0]
+                    if ready:
+                        break
+                    # nothing due: sleep until a request (or close) notifies, no polling
+                    self._cond.wait(min(waits.values(), default=None))
+                key = ready[0]
+                request = self._requests.pop(key)
+                self._last_read[key] = now
+                self._busy = True
+            try:
+                self._read(key, request)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
