@@ -48,7 +48,7 @@ from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_
 from wmwatch._audit.predicates import (
     WINDOW,
     OperatorSpec,
-    PlanFacts,
+    ReplayPlan,
     apply_overrides,
     batch_may_have_late_rows,
     parse_plan,
@@ -1177,7 +1177,7 @@ def start_audit(
             "spark.sql.streaming.statefulOperator.allowMultiple=false changes which watermark drops "
             "late rows and is not supported by the audit; leave it at its default (true)."
         )
-    facts: PlanFacts = parse_plan(plan_text)
+    facts: ReplayPlan = parse_plan(plan_text)
     spec = apply_overrides(
         facts, kind=kind, event_time=event_time, delay=delay, window=window, slide=slide
     )
