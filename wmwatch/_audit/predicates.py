@@ -26,6 +26,7 @@ DEDUPE = "dedupe"
 DEDUPE_WITHIN_WATERMARK = "dedupe_within_watermark"
 KINDS = (WINDOW, DEDUPE, DEDUPE_WITHIN_WATERMARK)
 
+
 @dataclass(frozen=True, slots=True)
 class OperatorSpec:
     """What the audit needs to know about the stateful operator that drops input rows."""
@@ -216,7 +217,9 @@ def parse_plan(plan_text: str) -> ReplayPlan:
                 names,
                 "dropDuplicates without the event-time column in its keys drops no late rows",
             )
-        return ReplayPlan(OperatorSpec(DEDUPE, keys[0], delay_us), watermark_column, delay_us, names)
+        return ReplayPlan(
+            OperatorSpec(DEDUPE, keys[0], delay_us), watermark_column, delay_us, names
+        )
     if name == "Aggregate":
         grouping = rest.split("], [", 1)[0]
         keys = _WATERMARKED_ATTR.findall(grouping)
@@ -277,13 +280,9 @@ def apply_overrides(
     if column is None:
         raise AuditError("the event-time column is unknown; pass event_time=.")
     delay_us = (
-        _duration_us(delay)
-        if delay is not None
-        else (spec.delay_us if spec else plan.delay_us)
+        _duration_us(delay) if delay is not None else (spec.delay_us if spec else plan.delay_us)
     )
-    window_us = (
-        _duration_us(window) if window is not None else (spec.window_us if spec else None)
-    )
+    window_us = _duration_us(window) if window is not None else (spec.window_us if spec else None)
     if slide is not None:
         slide_us: int | None = _duration_us(slide)
     elif window is not None:
