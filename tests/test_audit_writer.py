@@ -1,4 +1,5 @@
-"""The audit's batch write (idempotent, one transaction) and the report over its rows, without a JVM.
+"""The audit's batch write (idempotent, one transaction) and the report over its rows, without a
+JVM.
 
 The rows go through the real HistoryStore into a real DuckDB file; the Parquet file has the
 columns the audit's Parquet sink writes.
@@ -101,7 +102,8 @@ def test_batch_write_is_idempotent_and_exact(tmp_path: Path, shape: str) -> None
         )
         marks = store.read(
             lambda con: con.execute(
-                "SELECT batch_id, late_rows, epoch(late_watermark_at), sink FROM audit_batches ORDER BY 1"
+                "SELECT batch_id, late_rows, epoch(late_watermark_at), sink FROM audit_batches "
+                "ORDER BY 1"
             ).fetchall()
         )
     assert [r[0] for r in got] == [4, 4, 4]
@@ -121,7 +123,9 @@ def test_interrupted_replay_leaves_nothing_and_storm_counts_are_kept(tmp_path: P
             store.record_progress(progress(batch_id))
         stage(store, 4, "crashed", ROWS)  # no marker: the driver died here
         assert store.flush(10)
-        assert store.read(lambda con: con.execute("SELECT count(*) FROM late_rows").fetchone()) == (0,)
+        assert store.read(
+            lambda con: con.execute("SELECT count(*) FROM late_rows").fetchone()
+        ) == (0,)
         stage(store, 4, "retry", ROWS[:1])
         write(store, 4, BatchLateRows(total=1_000, attempt="retry", staged=1))
         assert store.flush(10)
@@ -191,7 +195,9 @@ def test_report_reads_duckdb_and_parquet_audit_rows(tmp_path: Path) -> None:
         for batch_id in range(6):
             store.record_progress(progress(batch_id))
         write(store, 4, BatchLateRows(total=3, rows=list(ROWS)))
-        write(store, 5, BatchLateRows.all_in_parquet(1, str(parquet_dir)), wm_s=T + 40, sink="parquet")
+        write(
+            store, 5, BatchLateRows.all_in_parquet(1, str(parquet_dir)), wm_s=T + 40, sink="parquet"
+        )
     with open_readonly(path) as con:
         doc = report_dict(build_report(con, db=str(path), now=datetime(2026, 1, 2, tzinfo=UTC)))
     section = next(q for q in doc["queries"] if q["query"] == "clicks")["late_rows"]
