@@ -41,12 +41,16 @@ log = logging.getLogger("wmwatch.audit")
 
 @dataclass
 class _BatchInfo:
+    """What progress said about a batch: its smallest event time and the run that ran it."""
+
     min_event_time_ms: int | None = None
     run_id: str | None = None
 
 
 @dataclass
 class _Counters:
+    """What :meth:`Auditor.status` reports, updated under the auditor's lock."""
+
     batches_audited: int = 0
     batches_replayed: int = 0
     batches_skipped: int = 0
@@ -57,7 +61,7 @@ class _Counters:
     last_error: str | None = None
     last_audited_batch: int | None = None
     latest_committed_batch: int | None = None
-    oldest_pending_commit_at: float | None = None
+    oldest_pending_commit_mtime_seconds: float | None = None
     replay_seconds: float = 0.0
 
 
@@ -208,8 +212,8 @@ class Auditor:
             )
             lag_seconds = (
                 0.0
-                if c.oldest_pending_commit_at is None
-                else max(0.0, time.time() - c.oldest_pending_commit_at)
+                if c.oldest_pending_commit_mtime_seconds is None
+                else max(0.0, time.time() - c.oldest_pending_commit_mtime_seconds)
             )
             return {
                 "query_id": self.query_id,
@@ -285,7 +289,7 @@ class Auditor:
                 b for b in committed if floor is not None and b >= floor and b not in self._done
             ]
             self._counters.latest_committed_batch = committed[-1] if committed else None
-            self._counters.oldest_pending_commit_at = (
+            self._counters.oldest_pending_commit_mtime_seconds = (
                 self.checkpoint.commit_mtime_seconds(pending[0]) if pending else None
             )
         for batch_id in pending:
@@ -295,7 +299,7 @@ class Auditor:
                 return False  # waiting for this batch's progress; batches are audited in order
             with self._lock:
                 rest = [b for b in pending if b not in self._done]
-                self._counters.oldest_pending_commit_at = (
+                self._counters.oldest_pending_commit_mtime_seconds = (
                     self.checkpoint.commit_mtime_seconds(rest[0]) if rest else None
                 )
         return True
