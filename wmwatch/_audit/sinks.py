@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import duckdb
-
-from wmwatch._core.plugins import HistoryAccess
 from wmwatch._errors import AuditError
 
 if TYPE_CHECKING:
+    import duckdb
+
+    from wmwatch._core.plugins import HistoryAccess
     from wmwatch._store.writer import StoreHealth
 
 # The columns of a late row as the replay hands it over, in this order.
