@@ -1,4 +1,5 @@
-"""Regenerate tests/fixtures/audit_plans/*.txt from real Spark (``python -m tests.audit_plan_fixtures``).
+"""Regenerate tests/fixtures/audit_plans/*.txt from real Spark
+(``python -m tests.audit_plan_fixtures``).
 
 Each file is the analysed logical plan text of a streaming query, as the audit reads it.
 """

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +39,43 @@ def _driver(folder: Path, mode: str) -> subprocess.Popen[str]:
     )
 
 
-def _status_lines(proc: subprocess.Popen[str], out: list[dict[str, Any]]) -> threading.Thread:
+def _status_lines(proc: subprocess.Popen[str]) -> queue.Queue[dict[str, Any] | None]:
+    """The driver's status lines as they come; None once its output ends."""
+    lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
     def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("{"):
-                out.append(json.loads(line))
+                lines.put(json.loads(line))
+        lines.put(None)
 
-    thread = threading.Thread(target=pump, daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def _wait_for_status(
+    lines: queue.Queue[dict[str, Any] | None], wanted: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The first status line that satisfies ``wanted`` (the timeout only guards against a hang)."""
+    while True:
+        status = lines.get(timeout=240)
+        assert status is not None, "the driver stopped before reporting the wanted status"
+        if wanted(status):
+            return status
+
+
+def _committed_batch_reading(checkpoint: Path, written: Path, proc: subprocess.Popen[str]) -> int:
+    """Wait until a committed batch of the query read ``written``; that batch's id."""
+    deadline = time.monotonic() + 240  # guards against a hang only
+    while True:
+        assert proc.poll() is None, "the driver stopped before committing the new file"
+        reader = CheckpointReader(str(checkpoint))
+        for batch_id in reversed(reader.committed_batches()):
+            if any(Path(f.path).name == written.name for f in reader.batch_files(batch_id)):
+                return batch_id
+        assert time.monotonic() < deadline, f"no committed batch read {written.name}"
+        time.sleep(0.05)
 
 
 def test_sigkill_mid_stream_then_restart_balances(spark: Any, stream_dir: Path) -> None:
@@ -54,16 +83,12 @@ def test_sigkill_mid_stream_then_restart_balances(spark: Any, stream_dir: Path) 
     for f in files[:3]:
         write_events(stream_dir / "in", f)
     first = _driver(stream_dir, "run")
-    seen: list[dict[str, Any]] = []
-    _status_lines(first, seen)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (seen and seen[-1]["batches_audited"] >= 2):
-            time.sleep(0.2)
-        assert seen and seen[-1]["batches_audited"] >= 2, seen[-1:] or "the driver never reported"
-        # more input right before the crash, so batches are in flight when it lands
-        write_events(stream_dir / "in", files[3])
-        time.sleep(1.0)
+        _wait_for_status(_status_lines(first), lambda status: status["batches_audited"] >= 2)
+        # more input, and the crash right after the batch that read it committed: the audit of
+        # that batch may not have started, be under way or be written; each must end balanced
+        last_file = write_events(stream_dir / "in", files[3])
+        _committed_batch_reading(stream_dir / "checkpoint", last_file, first)
         first.send_signal(signal.SIGKILL)
     finally:
         if first.poll() is None:
@@ -78,14 +103,12 @@ def test_sigkill_mid_stream_then_restart_balances(spark: Any, stream_dir: Path) 
     for f in files[written:]:
         write_events(stream_dir / "in", f)
     second = _driver(stream_dir, "finish")
-    done: list[dict[str, Any]] = []
-    pump = _status_lines(second, done)
+    finished = _wait_for_status(_status_lines(second), lambda status: "done" in status)
     assert second.wait(240) == 0
-    pump.join(10)
-    assert done and done[-1]["done"] is True
+    assert finished["done"] is True
     committed = CheckpointReader(str(stream_dir / "checkpoint")).committed_batches()
     # the restarted audit resumed after what the killed one had written, and redid nothing else
-    assert done[-1]["batches_audited"] == len(set(committed) - marked_at_kill) > 0
+    assert finished["batches_audited"] == len(set(committed) - marked_at_kill) > 0
 
     with duckdb.connect(str(stream_dir / "history.duckdb"), read_only=True) as con:
         late = con.execute(

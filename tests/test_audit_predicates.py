@@ -22,7 +22,6 @@ from wmwatch._audit.predicates import (
     earliest_window_end_us,
     is_late,
     late_windows,
-    parse_duration_us,
     parse_plan,
     windows_of,
 )
@@ -127,15 +126,22 @@ def test_skip_decision_examples() -> None:
 
 
 def test_durations() -> None:
-    assert parse_duration_us("10 seconds") == 10 * S
-    assert parse_duration_us("1 minute 30 seconds") == 90 * S
-    assert parse_duration_us("500 milliseconds") == S // 2
-    assert parse_duration_us("2 hours") == 7200 * S
-    assert parse_duration_us(2.5) == 2_500_000
+    facts = parse_plan(plan("tumbling"))
+
+    def window_us(window: str | float) -> int | None:
+        return apply_overrides(
+            facts, kind=None, event_time=None, delay=None, window=window, slide=None
+        ).window_us
+
+    assert window_us("10 seconds") == 10 * S
+    assert window_us("1 minute 30 seconds") == 90 * S
+    assert window_us("500 milliseconds") == S // 2
+    assert window_us("2 hours") == 7200 * S
+    assert window_us(2.5) == 2_500_000
     with pytest.raises(AuditError, match="duration"):
-        parse_duration_us("soon")
+        window_us("soon")
     with pytest.raises(AuditError, match="unit"):
-        parse_duration_us("3 fortnights")
+        window_us("3 fortnights")
 
 
 def test_plan_tumbling_window() -> None:

@@ -1,4 +1,5 @@
-"""The late-row audit against real Spark: conservation, batch by batch, for every supported operator.
+"""The late-row audit against real Spark: conservation, batch by batch, for every supported
+operator.
 
 Each test runs a production query over an out-of-order file stream and checks, window by window
 (or row by row for deduplication), that what the query emitted plus what the audit recorded is

@@ -57,7 +57,8 @@ def test_two_million_late_rows_in_one_batch(tmp_path: Path) -> None:
     with duckdb.connect(str(db), read_only=True) as con:
         kept = con.execute(
             "SELECT count(*), count(DISTINCT json_extract(row_data, '$.id')::BIGINT), "
-            "min(json_extract(row_data, '$.id')::BIGINT), max(json_extract(row_data, '$.id')::BIGINT) "
+            "min(json_extract(row_data, '$.id')::BIGINT), "
+            "max(json_extract(row_data, '$.id')::BIGINT) "
             "FROM late_rows WHERE batch_id = ?",
             [result["storm_batch"]],
         ).fetchone()

@@ -1,4 +1,5 @@
-"""The audit's batch write (idempotent, one transaction) and the report over its rows, without a JVM.
+"""The audit's batch write (idempotent, one transaction) and the report over its rows, without a
+JVM.
 
 The rows go through the real HistoryStore into a real DuckDB file; the Parquet file has the
 columns the audit's Parquet sink writes.
@@ -15,7 +16,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.test_store import progress
-from wmwatch._audit.auditor import _batch_writer, _Found, _pending_writer
 from wmwatch._audit.report import (
     WindowGrid,
     delay_to_keep,
@@ -27,6 +27,7 @@ from wmwatch._audit.report import (
     state_advice_from_quantile,
     window_grid,
 )
+from wmwatch._audit.sinks import BatchLateRows, _batch_writer, _pending_writer
 from wmwatch._report.build import build_report, report_dict
 from wmwatch._store.writer import HistoryStore, open_readonly
 
@@ -56,7 +57,7 @@ ROWS = [
 def write(
     store: HistoryStore,
     batch_id: int,
-    found: _Found,
+    found: BatchLateRows,
     wm_s: int | None = T + 25,
     sink: str = "duckdb",
 ) -> None:
@@ -84,13 +85,13 @@ def test_batch_write_is_idempotent_and_exact(tmp_path: Path, shape: str) -> None
     with HistoryStore(tmp_path / "h.duckdb") as store:
         for attempt in ("first", "second"):  # a retried write, or a re-audit after a crash
             if shape == "one_write":
-                found = _Found(total=3, rows=list(ROWS))
+                found = BatchLateRows(total=3, rows=list(ROWS))
             else:
                 stage(store, 4, attempt, ROWS[:2])
                 stage(store, 4, attempt, ROWS[2:])
-                found = _Found(total=3, attempt=attempt, staged=3)
+                found = BatchLateRows(total=3, attempt=attempt, staged=3)
             write(store, 4, found)
-        write(store, 5, _Found.nothing())
+        write(store, 5, BatchLateRows.nothing())
         assert store.flush(10)
         got = store.read(
             lambda con: con.execute(
@@ -101,7 +102,8 @@ def test_batch_write_is_idempotent_and_exact(tmp_path: Path, shape: str) -> None
         )
         marks = store.read(
             lambda con: con.execute(
-                "SELECT batch_id, late_rows, epoch(late_watermark_at), sink FROM audit_batches ORDER BY 1"
+                "SELECT batch_id, late_rows, epoch(late_watermark_at), sink FROM audit_batches "
+                "ORDER BY 1"
             ).fetchall()
         )
     assert [r[0] for r in got] == [4, 4, 4]
@@ -121,9 +123,11 @@ def test_interrupted_replay_leaves_nothing_and_storm_counts_are_kept(tmp_path: P
             store.record_progress(progress(batch_id))
         stage(store, 4, "crashed", ROWS)  # no marker: the driver died here
         assert store.flush(10)
-        assert store.read(lambda con: con.execute("SELECT count(*) FROM late_rows").fetchone()) == (0,)
+        assert store.read(
+            lambda con: con.execute("SELECT count(*) FROM late_rows").fetchone()
+        ) == (0,)
         stage(store, 4, "retry", ROWS[:1])
-        write(store, 4, _Found(total=1_000, attempt="retry", staged=1))
+        write(store, 4, BatchLateRows(total=1_000, attempt="retry", staged=1))
         assert store.flush(10)
         kept = store.read(
             lambda con: con.execute("SELECT row_data::VARCHAR FROM late_rows").fetchall()
@@ -152,7 +156,7 @@ def test_interrupted_replay_leaves_nothing_and_storm_counts_are_kept(tmp_path: P
 
 def test_batch_zero_marker_has_no_watermark(tmp_path: Path) -> None:
     with HistoryStore(tmp_path / "h.duckdb") as store:
-        write(store, 0, _Found.nothing(), wm_s=None)
+        write(store, 0, BatchLateRows.nothing(), wm_s=None)
         assert store.flush(10)
         marks = store.read(
             lambda con: con.execute(
@@ -190,8 +194,10 @@ def test_report_reads_duckdb_and_parquet_audit_rows(tmp_path: Path) -> None:
     with HistoryStore(path) as store:
         for batch_id in range(6):
             store.record_progress(progress(batch_id))
-        write(store, 4, _Found(total=3, rows=list(ROWS)))
-        write(store, 5, _Found.all_in_parquet(1, str(parquet_dir)), wm_s=T + 40, sink="parquet")
+        write(store, 4, BatchLateRows(total=3, rows=list(ROWS)))
+        write(
+            store, 5, BatchLateRows.all_in_parquet(1, str(parquet_dir)), wm_s=T + 40, sink="parquet"
+        )
     with open_readonly(path) as con:
         doc = report_dict(build_report(con, db=str(path), now=datetime(2026, 1, 2, tzinfo=UTC)))
     section = next(q for q in doc["queries"] if q["query"] == "clicks")["late_rows"]

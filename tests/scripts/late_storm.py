@@ -62,7 +62,9 @@ def iso(at: datetime) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def write_file(folder: Path, name: str, lines: list[str] | None = None, *, old_rows: int = 0) -> None:
+def write_file(
+    folder: Path, name: str, lines: list[str] | None = None, *, old_rows: int = 0
+) -> None:
     """Write a JSON-lines file atomically; ``old_rows`` rows spread over T0's first hour."""
     tmp = folder.parent / f".{name}.tmp"
     with tmp.open("w", encoding="utf-8") as handle:
@@ -146,10 +148,17 @@ def main() -> int:
     synced = audit.sync(1800)
     audit_seconds = time.monotonic() - started
     peak = rss.peak
-    for name, at in (("f3.json", ahead + timedelta(minutes=10)), ("f4.json", ahead + timedelta(minutes=20))):
+    for name, at in (
+        ("f3.json", ahead + timedelta(minutes=10)),
+        ("f4.json", ahead + timedelta(minutes=20)),
+    ):
         write_file(incoming, name, [json.dumps({"id": -3, "t": iso(at), "s": "after"})])
         query.processAllAvailable()
-    after = [p["batchId"] for p in query.recentProgress if p["batchId"] > storm_batch and p["numInputRows"]]
+    after = [
+        p["batchId"]
+        for p in query.recentProgress
+        if p["batchId"] > storm_batch and p["numInputRows"]
+    ]
     dropped = sum(
         op.get("numRowsDroppedByWatermark", 0)
         for p in query.recentProgress
@@ -180,7 +189,9 @@ def main() -> int:
                 "query_seconds": round(query_seconds, 2),
                 "audit_seconds": round(audit_seconds, 2),
                 "audit_after_commit_seconds": round(audit_seconds - query_seconds, 2),
-                "audit_rows_per_second": round(args.rows / max(audit_seconds - query_seconds, 1e-3)),
+                "audit_rows_per_second": round(
+                    args.rows / max(audit_seconds - query_seconds, 1e-3)
+                ),
             }
         ),
         flush=True,

@@ -1,6 +1,13 @@
 """The late-row audit: the rows Spark dropped behind the watermark, replayed from the checkpoint.
 
-``checkpoint`` reads offsets, commits and source logs; ``predicates`` holds each operator's
-late-row rule; ``auditor`` runs the replay and writes the rows; ``report`` holds the pure rules
-the report's late-rows section uses.
+``start`` checks and wires an audit (:func:`start_audit`, :class:`AuditHandle`); ``auditor``
+runs one query's audit loop on its own thread; ``checkpoint`` reads offsets, commits and source
+logs; ``source`` reads which file source a query reads; ``predicates`` holds each operator's
+late-row rule; ``replay`` finds a batch's late rows in Spark; ``sinks`` writes them and the
+audit's markers to the history; ``plugin`` holds the per-query counters and metrics; ``report``
+holds the feature's report section and advice.
 """
+
+from wmwatch._audit.start import AuditHandle, start_audit
+
+__all__ = ["AuditHandle", "start_audit"]

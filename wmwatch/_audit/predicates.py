@@ -19,21 +19,12 @@ import re
 from dataclasses import dataclass
 
 from wmwatch._errors import AuditError
+from wmwatch._time import parse_duration_us
 
 WINDOW = "window"
 DEDUPE = "dedupe"
 DEDUPE_WITHIN_WATERMARK = "dedupe_within_watermark"
 KINDS = (WINDOW, DEDUPE, DEDUPE_WITHIN_WATERMARK)
-
-_US_PER_UNIT = {
-    "microsecond": 1,
-    "millisecond": 1_000,
-    "second": 1_000_000,
-    "minute": 60_000_000,
-    "hour": 3_600_000_000,
-    "day": 86_400_000_000,
-    "week": 7 * 86_400_000_000,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,25 +58,12 @@ class OperatorSpec:
         return self.kind == WINDOW and self.slide_us != self.window_us
 
 
-def parse_duration_us(text: str | float | int) -> int:
-    """``"10 seconds"``, ``"1 minute 30 seconds"``, ``"500 milliseconds"`` or seconds as a number."""
-    if isinstance(text, int | float):
-        return round(float(text) * 1_000_000)
-    pairs = re.findall(r"(-?\d+(?:\.\d+)?)\s*([a-zA-Z]+)", text.strip())
-    if not pairs or re.sub(r"(-?\d+(?:\.\d+)?)\s*([a-zA-Z]+)", "", text).strip(" ,"):
-        raise AuditError(f"cannot read the duration {text!r}; write it like '10 seconds'.")
-    total = 0.0
-    for number, unit in pairs:
-        key = unit.lower().rstrip("s") if unit.lower() not in ("ms", "us") else unit.lower()
-        key = {"ms": "millisecond", "us": "microsecond", "sec": "second", "min": "minute"}.get(
-            key, key
-        )
-        if key not in _US_PER_UNIT:
-            raise AuditError(
-                f"unknown time unit {unit!r} in {text!r}; use seconds, minutes, hours or days."
-            )
-        total += float(number) * _US_PER_UNIT[key]
-    return round(total)
+def _duration_us(value: str | float) -> int:
+    """A duration given to the audit, in microseconds; unreadable text is an :class:`AuditError`."""
+    try:
+        return parse_duration_us(value)
+    except ValueError as exc:
+        raise AuditError(str(exc)) from exc
 
 
 # -- the rules ---------------------------------------------------------------------------------
@@ -94,7 +72,7 @@ def parse_duration_us(text: str | float | int) -> int:
 def windows_of(
     ts_us: int, window_us: int, slide_us: int, start_us: int = 0
 ) -> list[tuple[int, int]]:
-    """The windows ``[start, end)`` that contain ``ts_us``, oldest first, as Spark's ``window()``."""
+    """The windows ``[start, end)`` holding ``ts_us``, oldest first, as Spark's ``window()``."""
     last_start = ts_us - ((ts_us - start_us) % slide_us)
     starts = []
     s = last_start
@@ -181,8 +159,9 @@ def parse_window_expression(plan_text: str) -> tuple[int, int, int]:
 
 
 @dataclass(frozen=True, slots=True)
-class PlanFacts:
-    """What the plan text says; ``spec`` is None when the plan has no operator we can audit."""
+class ReplayPlan:
+    """What a query's plan says about replaying it: the operator whose late-row rule the audit
+    applies (``spec``), or, when there is none it can audit, the ``problem``."""
 
     spec: OperatorSpec | None
     watermark_column: str | None
@@ -191,7 +170,7 @@ class PlanFacts:
     problem: str | None = None
 
 
-def parse_plan(plan_text: str) -> PlanFacts:
+def parse_plan(plan_text: str) -> ReplayPlan:
     """Read the operator the audit needs from a streaming query's analysed logical plan text.
 
     The audited operator is the first stateful operator above the source (the deepest in the
@@ -203,10 +182,10 @@ def parse_plan(plan_text: str) -> PlanFacts:
     if wm:
         try:
             delay_us = parse_duration_us(wm.group(2))
-        except AuditError:
+        except ValueError:
             delay_us = None
     if len(_WATERMARK_NODE.findall(plan_text)) > 1:
-        return PlanFacts(
+        return ReplayPlan(
             None, watermark_column, delay_us, (), "the query has more than one watermark"
         )
     lines = plan_text.splitlines()
@@ -217,33 +196,35 @@ def parse_plan(plan_text: str) -> PlanFacts:
             stateful.append((index, m.group(1), m.group(2)))
     names = tuple(name for _, name, _ in stateful)
     if not stateful:
-        return PlanFacts(
+        return ReplayPlan(
             None, watermark_column, delay_us, names, "the query has no stateful operator"
         )
     if watermark_column is None:
-        return PlanFacts(
+        return ReplayPlan(
             None, None, None, names, "the query has no watermark, so it drops no late rows"
         )
     index, name, rest = stateful[-1]
     if name == "DeduplicateWithinWatermark":
         spec = OperatorSpec(DEDUPE_WITHIN_WATERMARK, watermark_column, delay_us)
-        return PlanFacts(spec, watermark_column, delay_us, names)
+        return ReplayPlan(spec, watermark_column, delay_us, names)
     if name == "Deduplicate":
         keys = _WATERMARKED_ATTR.findall(rest)
         if not keys:
-            return PlanFacts(
+            return ReplayPlan(
                 None,
                 watermark_column,
                 delay_us,
                 names,
                 "dropDuplicates without the event-time column in its keys drops no late rows",
             )
-        return PlanFacts(OperatorSpec(DEDUPE, keys[0], delay_us), watermark_column, delay_us, names)
+        return ReplayPlan(
+            OperatorSpec(DEDUPE, keys[0], delay_us), watermark_column, delay_us, names
+        )
     if name == "Aggregate":
         grouping = rest.split("], [", 1)[0]
         keys = _WATERMARKED_ATTR.findall(grouping)
         if not keys:
-            return PlanFacts(
+            return ReplayPlan(
                 None,
                 watermark_column,
                 delay_us,
@@ -253,7 +234,7 @@ def parse_plan(plan_text: str) -> PlanFacts:
         # The window struct is built by the Project or Expand right below the aggregate.
         below = "\n".join(lines[index + 1 : index + 4])
         if keys[0] == watermark_column or "precisetimestampconversion" not in below:
-            return PlanFacts(
+            return ReplayPlan(
                 None,
                 watermark_column,
                 delay_us,
@@ -263,10 +244,10 @@ def parse_plan(plan_text: str) -> PlanFacts:
         try:
             window_us, slide_us, start_us = parse_window_expression(below)
         except AuditError as exc:
-            return PlanFacts(None, watermark_column, delay_us, names, str(exc))
+            return ReplayPlan(None, watermark_column, delay_us, names, str(exc))
         spec = OperatorSpec(WINDOW, watermark_column, delay_us, window_us, slide_us, start_us)
-        return PlanFacts(spec, watermark_column, delay_us, names)
-    return PlanFacts(
+        return ReplayPlan(spec, watermark_column, delay_us, names)
+    return ReplayPlan(
         None,
         watermark_column,
         delay_us,
@@ -278,7 +259,7 @@ def parse_plan(plan_text: str) -> PlanFacts:
 
 
 def apply_overrides(
-    facts: PlanFacts,
+    plan: ReplayPlan,
     *,
     kind: str | None,
     event_time: str | None,
@@ -287,27 +268,23 @@ def apply_overrides(
     slide: str | float | None,
 ) -> OperatorSpec:
     """The plan's spec with explicit keyword overrides; raises AuditError when still incomplete."""
-    spec = facts.spec
+    spec = plan.spec
     if spec is None and kind is None:
         raise AuditError(
-            f"cannot audit this query: {facts.problem or 'its plan is not understood'}; "
+            f"cannot audit this query: {plan.problem or 'its plan is not understood'}; "
             "pass kind=, event_time= (and window=, slide= for windows) if it does drop late rows."
         )
     chosen_kind = kind or (spec.kind if spec else None)
     assert chosen_kind is not None
-    column = event_time or (spec.event_time_column if spec else None) or facts.watermark_column
+    column = event_time or (spec.event_time_column if spec else None) or plan.watermark_column
     if column is None:
         raise AuditError("the event-time column is unknown; pass event_time=.")
     delay_us = (
-        parse_duration_us(delay)
-        if delay is not None
-        else (spec.delay_us if spec else facts.delay_us)
+        _duration_us(delay) if delay is not None else (spec.delay_us if spec else plan.delay_us)
     )
-    window_us = (
-        parse_duration_us(window) if window is not None else (spec.window_us if spec else None)
-    )
+    window_us = _duration_us(window) if window is not None else (spec.window_us if spec else None)
     if slide is not None:
-        slide_us: int | None = parse_duration_us(slide)
+        slide_us: int | None = _duration_us(slide)
     elif window is not None:
         slide_us = window_us
     else:
