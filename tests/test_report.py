@@ -22,20 +22,13 @@ from typer.testing import CliRunner
 
 from tests.test_store import REPO, T0, progress
 from wmwatch._events import parse_terminated
-from wmwatch._report.build import (
-    SECTIONS,
-    Section,
-    UnknownQueryError,
-    build_report,
-    format_duration,
-    parse_since,
-    register_section,
-    render_csv,
-    render_json,
-    render_table,
-    report_dict,
-    watermark_delay_advice,
-)
+from wmwatch._audit.report import watermark_delay_advice
+from wmwatch._errors import UnknownQueryError
+from wmwatch._report.build import build_report, parse_since
+from wmwatch._report.format import format_duration
+from wmwatch._report.model import Section
+from wmwatch._report.render import render_csv, render_json, render_table, report_dict
+from wmwatch._report.sections import SECTIONS
 from wmwatch._store.writer import HistoryStore, open_readonly
 from wmwatch.cli import app
 
@@ -254,7 +247,7 @@ def test_late_rows_from_duckdb_and_parquet_and_active_findings(
     assert next(r for r in table if r["query"] == "q-2")["late_rows"] == "0"
 
 
-def test_a_registered_section_shows_up_everywhere(history: Path) -> None:
+def test_an_added_section_shows_up_everywhere(history: Path) -> None:
     def load(con: duckdb.DuckDBPyConnection, scope: Any) -> dict[str, Any]:
         got = con.execute(
             "SELECT query_id, count(*) FROM sources WHERE query_id IN (SELECT unnest($1::VARCHAR[])) GROUP BY 1",
@@ -270,14 +263,10 @@ def test_a_registered_section_shows_up_everywhere(history: Path) -> None:
         csv_columns=("sources_seen",),
         csv_values=lambda data: {"sources_seen": data["sources_seen"] if data else 0},
     )
-    register_section(section)
-    try:
-        with open_readonly(history) as con:
-            report = build_report(con, db=str(history))
-        assert json.loads(render_json(report))["queries"][0]["source_check"] == {"sources_seen": 6}
-        assert "sources_seen" in render_csv(report).splitlines()[0]
-    finally:
-        SECTIONS.remove(section)
+    with open_readonly(history) as con:
+        report = build_report(con, db=str(history), sections=(*SECTIONS, section))
+    assert json.loads(render_json(report))["queries"][0]["source_check"] == {"sources_seen": 6}
+    assert "sources_seen" in render_csv(report).splitlines()[0]
 
 
 @pytest.fixture
