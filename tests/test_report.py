@@ -21,9 +21,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from tests.test_store import REPO, T0, progress
-from wmwatch._events import parse_terminated
 from wmwatch._audit.report import watermark_delay_advice
 from wmwatch._errors import UnknownQueryError
+from wmwatch._events import parse_terminated
 from wmwatch._report.build import build_report, parse_since
 from wmwatch._report.format import format_duration
 from wmwatch._report.model import Section
@@ -165,8 +165,9 @@ def _add_audit(path: Path, parquet_dir: Path) -> None:
         wm = "2026-01-01 00:00:00+00"
         con.execute(
             f"""
-            INSERT INTO late_rows (query_id, batch_id, event_time_at, watermark_at, lateness_seconds,
-                                   window_start_at, window_end_at, operator_kind, source_file, audited_at)
+            INSERT INTO late_rows (query_id, batch_id, event_time_at, watermark_at,
+                                   lateness_seconds, window_start_at, window_end_at,
+                                   operator_kind, source_file, audited_at)
             SELECT 'q-1', 4, TIMESTAMPTZ '{wm}' - to_seconds(l), TIMESTAMPTZ '{wm}', l,
                    TIMESTAMPTZ '{wm}' - INTERVAL 2 MINUTE, TIMESTAMPTZ '{wm}' - INTERVAL 1 MINUTE,
                    'window', 'file:///in/a.json', now()
@@ -193,9 +194,13 @@ def _add_audit(path: Path, parquet_dir: Path) -> None:
         )
         con.execute(
             """
-            INSERT INTO findings VALUES
+            INSERT INTO findings (finding_id, query_id, query_name, operator_id, side, kind,
+                                  severity, status, message, evidence, fix, first_seen_at,
+                                  last_seen_at, first_batch_id, last_batch_id, occurrences)
+            VALUES
               ('f1', 'q-1', 'clicks', 0, 'left', 'join_state_unbounded', 'critical', 'active',
-               'left state grows every batch', '{}', 'add a time-range condition', now(), now(), 1, 5, 5),
+               'left state grows every batch', '{}', 'add a time-range condition', now(), now(),
+               1, 5, 5),
               ('f2', 'q-1', 'clicks', NULL, NULL, 'watermark_stalled', 'warning', 'resolved',
                'old', '{}', NULL, now(), now(), 1, 2, 1)
             """
@@ -229,6 +234,8 @@ def test_late_rows_from_duckdb_and_parquet_and_active_findings(
     assert late["extra_delay_p95_seconds"] is not None and late["advice"].startswith(
         "a watermark delay"
     )
+    # the row without a window needed its lateness: 2 h
+    assert late["extra_delay_max_seconds"] == 7200.0
     (finding,) = clicks["findings"]
     assert finding["kind"] == "join_state_unbounded" and finding["severity"] == "critical"
     other = next(q for q in doc["queries"] if q["query"] == "q-2")
@@ -250,7 +257,8 @@ def test_late_rows_from_duckdb_and_parquet_and_active_findings(
 def test_an_added_section_shows_up_everywhere(history: Path) -> None:
     def load(con: duckdb.DuckDBPyConnection, scope: Any) -> dict[str, Any]:
         got = con.execute(
-            "SELECT query_id, count(*) FROM sources WHERE query_id IN (SELECT unnest($1::VARCHAR[])) GROUP BY 1",
+            "SELECT query_id, count(*) FROM sources "
+            "WHERE query_id IN (SELECT unnest($1::VARCHAR[])) GROUP BY 1",
             (list(scope.query_ids),),
         ).fetchall()
         return {qid: {"sources_seen": n} for qid, n in got}

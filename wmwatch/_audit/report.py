@@ -195,11 +195,12 @@ def _late_rows_source(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str
             missing += 1
     if patterns:
         present = {
-            row[0]
-            for row in con.execute(
+            row["column_name"]
+            for row in named_rows(
+                con,
                 "DESCRIBE SELECT * FROM read_parquet($1::VARCHAR[], union_by_name = true)",
                 (patterns,),
-            ).fetchall()
+            )
         }
         select = ", ".join(parquet_late_column(col, present) for col in _LATE_COLUMNS)
         parts.append(

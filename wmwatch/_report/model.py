@@ -103,4 +103,4 @@ class Report:
     generated_at: datetime
     since_at: datetime | None
     queries: list[QuerySummary]
-    sections: tuple[Section, ...] = ()
+    sections: tuple[Section, ...]
