@@ -27,13 +27,14 @@ __all__ = ["build_report", "known_queries", "parse_since", "select_queries"]
 
 def parse_since(text: str, *, now: datetime | None = None) -> datetime:
     """``15m``, ``2h``, ``7d``, ``1h30m`` (ago) or an ISO date/timestamp (UTC if no offset)."""
-    now = now or datetime.now(UTC)
-    try:
-        ago_us = parse_duration_us(text)
-    except ValueError:
-        ago_us = -1
-    if ago_us >= 0 and "-" not in text:
-        return now - timedelta(microseconds=ago_us)
+    # a minus sign makes it an ISO date or a negative duration: never a time ago
+    if "-" not in text:
+        try:
+            ago_us = parse_duration_us(text)
+        except ValueError:
+            pass
+        else:
+            return (now or datetime.now(UTC)) - timedelta(microseconds=ago_us)
     parsed = parse_timestamp(text)
     if parsed is None:
         raise ValueError(
