@@ -18,17 +18,14 @@ import pytest
 from tests.test_store import progress
 from wmwatch._audit.report import (
     WindowGrid,
-    delay_to_keep,
-    extra_delay_needed_seconds,
     extra_windows_in_state,
-    kept_fraction,
     parquet_late_column,
-    state_advice,
     state_advice_from_quantile,
     window_grid,
 )
 from wmwatch._audit.sinks import BatchLateRows, _batch_writer, _pending_writer
-from wmwatch._report.build import build_report, report_dict
+from wmwatch._report.build import build_report
+from wmwatch._report.render import report_dict
 from wmwatch._store.writer import HistoryStore, open_readonly
 
 T = 1_767_225_600  # 2026-01-01T00:00:00Z in seconds
@@ -225,22 +222,18 @@ def test_parquet_column_mapping() -> None:
 
 
 def test_delay_advice_rules() -> None:
-    assert extra_delay_needed_seconds(30, 21, 30) == 0.0  # window ended exactly on the watermark
-    assert extra_delay_needed_seconds(30, 21, None) == 9.0
-    needed = [0.0, 0.0, 5.0, 9.5, 120.0]
-    assert delay_to_keep(needed, 0.8) == 10.0  # strictly more than 9.5 s
-    assert kept_fraction(needed, 10.0) == 0.8
-    assert delay_to_keep([], 0.99) is None
     assert window_grid([(0, 10), (5, 15), (20, 30)]) == WindowGrid(10, 5)
     assert window_grid([(0, 60)]) == WindowGrid(60, 60)
     assert window_grid([]) is None
     assert extra_windows_in_state(16, 5) == 4
-    assert state_advice(needed, WindowGrid(10, 5), 0.8) == (
-        "a watermark delay of 10s more would have kept 80% of these rows; "
+    # a row needing N seconds is kept only by a delay strictly larger than N
+    assert state_advice_from_quantile(9.5, WindowGrid(10, 5)) == (
+        "a watermark delay of 10s more would have kept about 99% of these rows; "
         "state would hold about 2 more windows per key"
     )
-    assert state_advice(needed, None, 0.8) is not None and "each key about 10s longer" in str(
-        state_advice(needed, None, 0.8)
+    assert state_advice_from_quantile(9.0, None) == (
+        "a watermark delay of 10s more would have kept about 99% of these rows; "
+        "state would keep each key about 10s longer"
     )
     assert state_advice_from_quantile(None, None) is None
     assert state_advice_from_quantile(59.2, WindowGrid(60, 60)) == (

@@ -21,21 +21,14 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from tests.test_store import REPO, T0, progress
+from wmwatch._audit.report import watermark_delay_advice
+from wmwatch._errors import UnknownQueryError
 from wmwatch._events import parse_terminated
-from wmwatch._report.build import (
-    SECTIONS,
-    Section,
-    UnknownQueryError,
-    build_report,
-    format_duration,
-    parse_since,
-    register_section,
-    render_csv,
-    render_json,
-    render_table,
-    report_dict,
-    watermark_delay_advice,
-)
+from wmwatch._report.build import build_report, parse_since
+from wmwatch._report.format import format_duration
+from wmwatch._report.model import Section
+from wmwatch._report.render import render_csv, render_json, render_table, report_dict
+from wmwatch._report.sections import SECTIONS
 from wmwatch._store.writer import HistoryStore, open_readonly
 from wmwatch.cli import app
 
@@ -172,8 +165,9 @@ def _add_audit(path: Path, parquet_dir: Path) -> None:
         wm = "2026-01-01 00:00:00+00"
         con.execute(
             f"""
-            INSERT INTO late_rows (query_id, batch_id, event_time_at, watermark_at, lateness_seconds,
-                                   window_start_at, window_end_at, operator_kind, source_file, audited_at)
+            INSERT INTO late_rows (query_id, batch_id, event_time_at, watermark_at,
+                                   lateness_seconds, window_start_at, window_end_at,
+                                   operator_kind, source_file, audited_at)
             SELECT 'q-1', 4, TIMESTAMPTZ '{wm}' - to_seconds(l), TIMESTAMPTZ '{wm}', l,
                    TIMESTAMPTZ '{wm}' - INTERVAL 2 MINUTE, TIMESTAMPTZ '{wm}' - INTERVAL 1 MINUTE,
                    'window', 'file:///in/a.json', now()
@@ -200,9 +194,13 @@ def _add_audit(path: Path, parquet_dir: Path) -> None:
         )
         con.execute(
             """
-            INSERT INTO findings VALUES
+            INSERT INTO findings (finding_id, query_id, query_name, operator_id, side, kind,
+                                  severity, status, message, evidence, fix, first_seen_at,
+                                  last_seen_at, first_batch_id, last_batch_id, occurrences)
+            VALUES
               ('f1', 'q-1', 'clicks', 0, 'left', 'join_state_unbounded', 'critical', 'active',
-               'left state grows every batch', '{}', 'add a time-range condition', now(), now(), 1, 5, 5),
+               'left state grows every batch', '{}', 'add a time-range condition', now(), now(),
+               1, 5, 5),
               ('f2', 'q-1', 'clicks', NULL, NULL, 'watermark_stalled', 'warning', 'resolved',
                'old', '{}', NULL, now(), now(), 1, 2, 1)
             """
@@ -236,6 +234,8 @@ def test_late_rows_from_duckdb_and_parquet_and_active_findings(
     assert late["extra_delay_p95_seconds"] is not None and late["advice"].startswith(
         "a watermark delay"
     )
+    # the row without a window needed its lateness: 2 h
+    assert late["extra_delay_max_seconds"] == 7200.0
     (finding,) = clicks["findings"]
     assert finding["kind"] == "join_state_unbounded" and finding["severity"] == "critical"
     other = next(q for q in doc["queries"] if q["query"] == "q-2")
@@ -254,10 +254,11 @@ def test_late_rows_from_duckdb_and_parquet_and_active_findings(
     assert next(r for r in table if r["query"] == "q-2")["late_rows"] == "0"
 
 
-def test_a_registered_section_shows_up_everywhere(history: Path) -> None:
+def test_an_added_section_shows_up_everywhere(history: Path) -> None:
     def load(con: duckdb.DuckDBPyConnection, scope: Any) -> dict[str, Any]:
         got = con.execute(
-            "SELECT query_id, count(*) FROM sources WHERE query_id IN (SELECT unnest($1::VARCHAR[])) GROUP BY 1",
+            "SELECT query_id, count(*) FROM sources "
+            "WHERE query_id IN (SELECT unnest($1::VARCHAR[])) GROUP BY 1",
             (list(scope.query_ids),),
         ).fetchall()
         return {qid: {"sources_seen": n} for qid, n in got}
@@ -270,14 +271,10 @@ def test_a_registered_section_shows_up_everywhere(history: Path) -> None:
         csv_columns=("sources_seen",),
         csv_values=lambda data: {"sources_seen": data["sources_seen"] if data else 0},
     )
-    register_section(section)
-    try:
-        with open_readonly(history) as con:
-            report = build_report(con, db=str(history))
-        assert json.loads(render_json(report))["queries"][0]["source_check"] == {"sources_seen": 6}
-        assert "sources_seen" in render_csv(report).splitlines()[0]
-    finally:
-        SECTIONS.remove(section)
+    with open_readonly(history) as con:
+        report = build_report(con, db=str(history), sections=(*SECTIONS, section))
+    assert json.loads(render_json(report))["queries"][0]["source_check"] == {"sources_seen": 6}
+    assert "sources_seen" in render_csv(report).splitlines()[0]
 
 
 @pytest.fixture

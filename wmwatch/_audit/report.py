@@ -1,18 +1,31 @@
-"""Pure helpers that turn audited late rows into report facts (no DuckDB, no Spark).
+"""The report's late-rows section: what the audit found, read from ``late_rows``, the Parquet
+folders ``audit_batches`` lists, and ``audit_batches`` itself.
 
-The report's late-rows section (wmwatch/_report/build.py) queries the rows; these functions hold the
-audit-specific rules: how the Parquet sink's columns map onto the ``late_rows`` table, how much
-more watermark delay a row needed, and what that extra delay costs in state.
+Besides the SQL, this holds the audit-specific rules: how the Parquet sink's columns map onto the
+``late_rows`` table, how much more watermark delay would have kept the rows, and what that extra
+delay costs in state.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from math import gcd
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from wmwatch._report.format import format_duration
+from wmwatch._report.model import Scope, Section
+from wmwatch._report.rows import Row, as_float, grouped, named_rows
+from wmwatch._time import as_utc, format_at
+
+if TYPE_CHECKING:
+    import duckdb
+    from rich.table import Table
 
 # The Parquet sink stores instants as integer microseconds (time-zone free); the table has
 # TIMESTAMPTZ columns of the same names with ``_at``.
@@ -36,32 +49,7 @@ def parquet_late_column(column: str, present: Iterable[str]) -> str:
     return f"NULL AS {column}"
 
 
-def extra_delay_needed_seconds(
-    watermark_s: float, event_time_s: float, window_end_s: float | None
-) -> float:
-    """How much more delay would have kept this row: the watermark had to stay below the
-    window's end (aggregations) or below the event time (deduplication)."""
-    limit = window_end_s if window_end_s is not None else event_time_s
-    return max(0.0, watermark_s - limit)
-
-
-def delay_to_keep(needed_seconds: Sequence[float], fraction: float = 0.99) -> float | None:
-    """The smallest whole number of extra seconds that keeps ``fraction`` of the rows.
-
-    A row needing N seconds is kept only by a delay strictly larger than N (Spark drops at
-    equality), hence the +1 on whole seconds.
-    """
-    if not needed_seconds:
-        return None
-    ordered = sorted(needed_seconds)
-    index = max(0, math.ceil(fraction * len(ordered)) - 1)
-    return float(math.floor(ordered[index]) + 1)
-
-
-def kept_fraction(needed_seconds: Sequence[float], extra_seconds: float) -> float:
-    if not needed_seconds:
-        return 0.0
-    return sum(1 for n in needed_seconds if n < extra_seconds) / len(needed_seconds)
+# -- advice ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,21 +83,48 @@ def extra_windows_in_state(extra_delay_seconds: float, slide_seconds: float) -> 
     return math.ceil(extra_delay_seconds / slide_seconds)
 
 
-def state_advice(
-    needed_seconds: Sequence[float], grid: WindowGrid | None, fraction: float = 0.99
+def state_advice_from_quantile(
+    needed_p99_seconds: float | None, grid: WindowGrid | None
 ) -> str | None:
-    """``a delay of X more would have kept 99% of these rows; state would hold about Y more
-    windows`` (or, for deduplication, keys held X longer)."""
-    extra = delay_to_keep(needed_seconds, fraction)
-    if extra is None:
+    """``a watermark delay of X more would have kept about 99% of these rows; state would hold
+    about Y more windows per key`` (or, without windows, keep each key X longer).
+
+    ``needed_p99_seconds`` is the 99th percentile of the extra delay each row needed (watermark
+    minus window end, or its lateness without a window). A row needing N seconds is kept only by
+    a delay strictly larger than N (Spark drops at equality), hence the +1 on whole seconds.
+    """
+    if needed_p99_seconds is None:
         return None
-    kept = kept_fraction(needed_seconds, extra)
-    head = f"a watermark delay of {_seconds(extra)} more would have kept {kept:.0%} of these rows"
+    extra = float(math.floor(max(needed_p99_seconds, 0.0)) + 1)
+    head = f"a watermark delay of {_seconds(extra)} more would have kept about 99% of these rows"
     if grid is None:
         return f"{head}; state would keep each key about {_seconds(extra)} longer"
     windows = extra_windows_in_state(extra, grid.slide_seconds)
     return (
         f"{head}; state would hold about {windows} more window{'s' if windows != 1 else ''} per key"
+    )
+
+
+def watermark_delay_advice(
+    current_delay_seconds: float | None,
+    extra_p95_seconds: float | None,
+    extra_p99_seconds: float | None,
+) -> str | None:
+    """One sentence on how much more watermark delay would have kept most late rows."""
+    if extra_p95_seconds is None:
+        return None
+    extra95 = max(extra_p95_seconds, 0.0)
+    extra99 = max(extra_p99_seconds or extra95, extra95)
+    if current_delay_seconds is not None and current_delay_seconds > 0:
+        return (
+            f"a watermark delay of about {format_duration(current_delay_seconds + extra95)} "
+            f"(now ~{format_duration(current_delay_seconds)}) would have kept 95% of these rows, "
+            f"{format_duration(current_delay_seconds + extra99)} 99%; each second of delay adds "
+            "output latency and state"
+        )
+    return (
+        f"about {format_duration(extra95)} more watermark delay would have kept 95% of these rows "
+        f"({format_duration(extra99)} for 99%); each second of delay adds output latency and state"
     )
 
 
@@ -121,17 +136,374 @@ def _seconds(value: float) -> str:
     return f"{value:g}s"
 
 
-def state_advice_from_quantile(
-    needed_p99_seconds: float | None, grid: WindowGrid | None
-) -> str | None:
-    """:func:`state_advice` when only the 99th percentile of the needed delay is at hand."""
-    if needed_p99_seconds is None:
-        return None
-    extra = float(math.floor(max(needed_p99_seconds, 0.0)) + 1)
-    head = f"a watermark delay of {_seconds(extra)} more would have kept about 99% of these rows"
-    if grid is None:
-        return f"{head}; state would keep each key about {_seconds(extra)} longer"
-    windows = extra_windows_in_state(extra, grid.slide_seconds)
-    return (
-        f"{head}; state would hold about {windows} more window{'s' if windows != 1 else ''} per key"
+# -- loading --------------------------------------------------------------------------------------
+
+_LATE_COLUMNS = (
+    "query_id",
+    "batch_id",
+    "event_time_at",
+    "watermark_at",
+    "lateness_seconds",
+    "window_start_at",
+    "window_end_at",
+    "source_file",
+)
+_LATENESS_BUCKETS: tuple[tuple[str, float], ...] = (
+    ("< 1s", 1.0),
+    ("1-10s", 10.0),
+    ("10s-1m", 60.0),
+    ("1-10m", 600.0),
+    ("10m-1h", 3_600.0),
+    (">= 1h", math.inf),
+)
+
+
+def _late_rows_source(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str, list[Any], int]:
+    """SQL (and parameters) for every audited late row in scope, DuckDB and Parquet alike.
+
+    Returns (sql, params, parquet directories listed but missing).
+    """
+    columns = ", ".join(_LATE_COLUMNS)
+    # A batch over max_rows_per_batch with a Parquet overflow folder has every one of its rows
+    # there and only some in late_rows: read it from Parquet alone.
+    parts = [
+        f"""SELECT {columns} FROM late_rows l
+            WHERE query_id IN (SELECT unnest($1::VARCHAR[]))
+              AND NOT EXISTS (SELECT 1 FROM audit_batches a
+                              WHERE a.query_id = l.query_id AND a.batch_id = l.batch_id
+                                AND a.overflow_location IS NOT NULL)"""
+    ]
+    locations = con.execute(
+        """
+        SELECT DISTINCT coalesce(overflow_location, location) FROM audit_batches
+        WHERE (sink = 'parquet' AND location IS NOT NULL OR overflow_location IS NOT NULL)
+          AND query_id IN (SELECT unnest($1::VARCHAR[]))
+        """,
+        (list(scope.query_ids),),
+    ).fetchall()
+    patterns: list[str] = []
+    missing = 0
+    for (location,) in locations:
+        local = re.sub(r"^file:(//)?", "", str(location))
+        path = Path(local)
+        if path.is_file():
+            patterns.append(str(path))
+        elif path.is_dir():
+            if any(path.rglob("*.parquet")):
+                patterns.append(str(path / "**" / "*.parquet"))
+        else:
+            missing += 1
+    if patterns:
+        present = {
+            row["column_name"]
+            for row in named_rows(
+                con,
+                "DESCRIBE SELECT * FROM read_parquet($1::VARCHAR[], union_by_name = true)",
+                (patterns,),
+            )
+        }
+        select = ", ".join(parquet_late_column(col, present) for col in _LATE_COLUMNS)
+        parts.append(
+            f"""SELECT {select} FROM read_parquet($2::VARCHAR[], union_by_name = true)
+                WHERE query_id IN (SELECT unnest($1::VARCHAR[]))"""
+        )
+    sql = " UNION ALL BY NAME ".join(f"({part})" for part in parts)
+    params: list[Any] = [list(scope.query_ids)]
+    if patterns:
+        params.append(patterns)
+    return sql, params, missing
+
+
+def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, Any]:
+    """Late rows audited per query: count, per batch and window, lateness, sources, advice."""
+    source_sql, params, missing = _late_rows_source(con, scope)
+    first_ids = [[qid, str(scope.first_batch_id(qid))] for qid in scope.query_ids]
+    # needed_seconds: how much more delay would have kept the row; the watermark had to stay
+    # below the window's end (aggregations) or below the event time (deduplication)
+    scoped = f"""
+        WITH first_ids AS (SELECT f[1] AS query_id, f[2]::BIGINT AS first_id
+                           FROM (SELECT unnest(${len(params) + 1}::VARCHAR[][]) AS f)),
+        late AS (SELECT l.*,
+                   greatest(0, coalesce(epoch(l.watermark_at) - epoch(l.window_end_at),
+                                        l.lateness_seconds)) AS needed_seconds
+                 FROM ({source_sql}) l JOIN first_ids USING (query_id)
+                 WHERE l.batch_id >= first_ids.first_id)
+    """
+    params = [*params, first_ids]
+    # what the markers say: every late row found, and those over the cap that no table keeps
+    counted = {
+        row["query_id"]: row
+        for row in named_rows(
+            con,
+            """
+            WITH first_ids AS (SELECT f[1] AS query_id, f[2]::BIGINT AS first_id
+                               FROM (SELECT unnest($1::VARCHAR[][]) AS f))
+            SELECT a.query_id,
+                   count(*) AS audited_batches,
+                   coalesce(sum(a.late_rows), 0) AS late_rows_found,
+                   coalesce(sum(a.rows_over_cap) FILTER (WHERE a.overflow_location IS NULL), 0)
+                       AS late_rows_not_kept,
+                   count(*) FILTER (WHERE a.rows_over_cap > 0) AS batches_over_cap
+            FROM audit_batches a JOIN first_ids USING (query_id)
+            WHERE a.batch_id >= first_ids.first_id
+            GROUP BY a.query_id
+            """,
+            (first_ids,),
+        )
+    }
+    totals = named_rows(
+        con,
+        scoped
+        + """
+        SELECT query_id,
+               count(*) AS late_rows_kept,
+               count(DISTINCT batch_id) AS batches_with_late_rows,
+               quantile_cont(lateness_seconds, 0.5) AS lateness_p50_seconds,
+               quantile_cont(lateness_seconds, 0.95) AS lateness_p95_seconds,
+               max(lateness_seconds) AS lateness_max_seconds,
+               quantile_cont(needed_seconds, 0.95) AS extra_delay_p95_seconds,
+               quantile_cont(needed_seconds, 0.99) AS extra_delay_p99_seconds,
+               max(needed_seconds) AS extra_delay_max_seconds
+        FROM late GROUP BY query_id
+        """,
+        params,
     )
+    for qid, marks in counted.items():
+        if marks["late_rows_found"] and not any(row["query_id"] == qid for row in totals):
+            # every late row of the query was over the cap and counted only
+            totals.append(_no_rows_kept(qid))
+    if not totals:
+        return {}
+    per_batch = grouped(
+        named_rows(
+            con,
+            scoped
+            + """
+            SELECT query_id, batch_id, count(*) AS late_rows FROM late GROUP BY query_id, batch_id
+            QUALIFY row_number() OVER (PARTITION BY query_id ORDER BY late_rows DESC, batch_id) <= 5
+            ORDER BY query_id, late_rows DESC
+            """,
+            params,
+        ),
+        lambda r: {"batch_id": r["batch_id"], "late_rows": r["late_rows"]},
+    )
+    per_window = grouped(
+        named_rows(
+            con,
+            scoped
+            + """
+            SELECT query_id, window_start_at, window_end_at, count(*) AS late_rows FROM late
+            WHERE window_end_at IS NOT NULL GROUP BY query_id, window_start_at, window_end_at
+            QUALIFY row_number() OVER (PARTITION BY query_id
+                                       ORDER BY late_rows DESC, window_start_at) <= 5
+            ORDER BY query_id, late_rows DESC
+            """,
+            params,
+        ),
+        lambda r: {
+            "window_start_at": as_utc(r["window_start_at"]),
+            "window_end_at": as_utc(r["window_end_at"]),
+            "late_rows": r["late_rows"],
+        },
+    )
+    bucket_cases = " ".join(
+        f"WHEN lateness_seconds < {limit} THEN {index}"
+        for index, (_, limit) in enumerate(_LATENESS_BUCKETS)
+        if not math.isinf(limit)
+    )
+    histograms: dict[str, dict[str, int]] = {}
+    for row in named_rows(
+        con,
+        scoped
+        + f"""
+        SELECT query_id,
+               CASE {bucket_cases} ELSE {len(_LATENESS_BUCKETS) - 1} END AS bucket,
+               count(*) AS late_rows
+        FROM late WHERE lateness_seconds IS NOT NULL GROUP BY ALL ORDER BY ALL
+        """,
+        params,
+    ):
+        histogram = histograms.setdefault(
+            row["query_id"], {label: 0 for label, _ in _LATENESS_BUCKETS}
+        )
+        histogram[_LATENESS_BUCKETS[row["bucket"]][0]] = int(row["late_rows"])
+    sources = grouped(
+        named_rows(
+            con,
+            scoped
+            + """
+            SELECT query_id, source_file, count(*) AS late_rows FROM late
+            WHERE source_file IS NOT NULL GROUP BY query_id, source_file
+            QUALIFY row_number() OVER (PARTITION BY query_id
+                                       ORDER BY late_rows DESC, source_file) <= 5
+            ORDER BY query_id, late_rows DESC
+            """,
+            params,
+        ),
+        lambda r: {"source_file": r["source_file"], "late_rows": r["late_rows"]},
+    )
+    result: dict[str, Any] = {}
+    for row in totals:
+        qid = row["query_id"]
+        marks = counted.get(qid, {})
+        kept, not_kept = int(row["late_rows_kept"]), int(marks.get("late_rows_not_kept", 0))
+        result[qid] = {
+            # the rows that can be read plus those only counted over the cap; the figures
+            # below describe the rows that were kept
+            "late_rows": kept + not_kept,
+            "late_rows_kept": kept,
+            "late_rows_not_kept": not_kept,
+            "batches_over_cap": int(marks.get("batches_over_cap", 0)),
+            "batches_with_late_rows": int(row["batches_with_late_rows"]),
+            "audited_batches": int(marks.get("audited_batches", 0)),
+            "lateness_p50_seconds": as_float(row["lateness_p50_seconds"]),
+            "lateness_p95_seconds": as_float(row["lateness_p95_seconds"]),
+            "lateness_max_seconds": as_float(row["lateness_max_seconds"]),
+            "extra_delay_p95_seconds": as_float(row["extra_delay_p95_seconds"]),
+            "extra_delay_p99_seconds": as_float(row["extra_delay_p99_seconds"]),
+            "extra_delay_max_seconds": as_float(row["extra_delay_max_seconds"]),
+            "lateness_histogram": histograms.get(qid, {}),
+            "top_batches": per_batch.get(qid, []),
+            "top_windows": per_window.get(qid, []),
+            "top_sources": sources.get(qid, []),
+            "missing_parquet_locations": missing,
+        }
+    for qid, entry in result.items():
+        # what the advised extra delay costs: windows per key held open that much longer
+        windows = con.execute(
+            scoped
+            + f"""
+            SELECT DISTINCT epoch(window_start_at), epoch(window_end_at) FROM late
+            WHERE query_id = ${len(params) + 1} AND window_end_at IS NOT NULL LIMIT 5000
+            """,
+            [*params, qid],
+        ).fetchall()
+        entry["state_advice"] = state_advice_from_quantile(
+            entry["extra_delay_p99_seconds"], window_grid((float(a), float(b)) for a, b in windows)
+        )
+        summary = scope.summaries.get(qid)
+        entry["advice"] = watermark_delay_advice(
+            summary.event_time_delay_p50_seconds if summary is not None else None,
+            entry["extra_delay_p95_seconds"],
+            entry["extra_delay_p99_seconds"],
+        )
+    return result
+
+
+def _no_rows_kept(query_id: str) -> Row:
+    return {
+        "query_id": query_id,
+        "late_rows_kept": 0,
+        "batches_with_late_rows": 0,
+        "lateness_p50_seconds": None,
+        "lateness_p95_seconds": None,
+        "lateness_max_seconds": None,
+        "extra_delay_p95_seconds": None,
+        "extra_delay_p99_seconds": None,
+        "extra_delay_max_seconds": None,
+    }
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+
+def render_late_rows(data: Mapping[str, Any]) -> Table:
+    from rich.table import Table
+
+    table = Table(title="late rows audited", title_justify="left", show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row(
+        "late rows",
+        f"[yellow]{data['late_rows']:,}[/] in {data['batches_with_late_rows']:,} batches "
+        f"({data['audited_batches']:,} batches audited)",
+    )
+    if data.get("batches_over_cap"):
+        not_kept = data.get("late_rows_not_kept") or 0
+        table.add_row(
+            "late-row storm",
+            f"[red]{data['batches_over_cap']:,} batch(es) over max_rows_per_batch[/]: "
+            + (
+                f"{not_kept:,} rows counted, not kept (pass parquet_path= to keep every row); "
+                if not_kept
+                else "every row kept in Parquet; "
+            )
+            + "the figures below describe the kept rows",
+        )
+    table.add_row(
+        "lateness",
+        f"p50 {format_duration(data['lateness_p50_seconds'])} · "
+        f"p95 {format_duration(data['lateness_p95_seconds'])} · "
+        f"max {format_duration(data['lateness_max_seconds'])}",
+    )
+    histogram = data.get("lateness_histogram") or {}
+    if histogram:
+        peak = max(histogram.values()) or 1
+        table.add_row(
+            "histogram",
+            "\n".join(
+                f"{label:>7} {'█' * max(1 if n else 0, round(20 * n / peak)):<20} {n:,}"
+                for label, n in histogram.items()
+            ),
+        )
+    if data.get("top_batches"):
+        table.add_row(
+            "top batches",
+            ", ".join(f"#{b['batch_id']}: {b['late_rows']:,}" for b in data["top_batches"]),
+        )
+    if data.get("top_windows"):
+        table.add_row(
+            "top windows",
+            "\n".join(
+                f"{format_at(w['window_start_at'])} - {format_at(w['window_end_at'])}: "
+                f"{w['late_rows']:,}"
+                for w in data["top_windows"]
+            ),
+        )
+    if data.get("top_sources"):
+        table.add_row(
+            "top sources",
+            "\n".join(f"{s['source_file']}: {s['late_rows']:,}" for s in data["top_sources"]),
+        )
+    if data.get("advice"):
+        table.add_row("advice", f"[cyan]{data['advice']}[/]")
+    if data.get("state_advice"):
+        table.add_row("delay cost", f"[cyan]{data['state_advice']}[/]")
+    if data.get("missing_parquet_locations"):
+        table.add_row(
+            "note",
+            f"[red]{data['missing_parquet_locations']} Parquet audit folders listed in "
+            "audit_batches are gone[/]",
+        )
+    return table
+
+
+def late_rows_csv(data: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if not data:
+        return {
+            "late_rows": 0,
+            "late_rows_not_kept": 0,
+            "batches_with_late_rows": 0,
+            "lateness_p95_seconds": None,
+        }
+    return {
+        "late_rows": data["late_rows"],
+        "late_rows_not_kept": data["late_rows_not_kept"],
+        "batches_with_late_rows": data["batches_with_late_rows"],
+        "lateness_p95_seconds": data["lateness_p95_seconds"],
+    }
+
+
+LATE_ROWS_SECTION = Section(
+    key="late_rows",
+    title="late rows audited",
+    load=load_late_rows,
+    render=render_late_rows,
+    csv_columns=(
+        "late_rows",
+        "late_rows_not_kept",
+        "batches_with_late_rows",
+        "lateness_p95_seconds",
+    ),
+    csv_values=late_rows_csv,
+)

@@ -16,19 +16,31 @@ import typer
 def demo(
     duration: Annotated[
         float,
-        typer.Option("--duration", "-d", help="Seconds to stream before printing the report.", min=5),
+        typer.Option(
+            "--duration", "-d", help="Seconds to stream before printing the report.", min=5
+        ),
     ] = 60.0,
     port: Annotated[
         int,
-        typer.Option("--port", "-p", help="Port for /metrics on 127.0.0.1 (0: no endpoint).", min=0, max=65535),
+        typer.Option(
+            "--port",
+            "-p",
+            help="Port for /metrics on 127.0.0.1 (0: no endpoint).",
+            min=0,
+            max=65535,
+        ),
     ] = 9108,
     workdir: Annotated[
         Path,
-        typer.Option("--workdir", help="Folder for input files, checkpoint and history (recreated)."),
+        typer.Option(
+            "--workdir", help="Folder for input files, checkpoint and history (recreated)."
+        ),
     ] = Path("wmwatch-demo"),
     audit: Annotated[
         bool,
-        typer.Option("--audit/--no-audit", help="Divert the rows the watermark drops into late_rows."),
+        typer.Option(
+            "--audit/--no-audit", help="Divert the rows the watermark drops into late_rows."
+        ),
     ] = True,
 ) -> None:
     """Stream an out-of-order event stream through a windowed count, watched by wmwatch.
@@ -43,12 +55,16 @@ def demo(
         typer.echo("wmwatch demo: pyspark is not installed: pip install 'wmwatch[spark]'", err=True)
         raise typer.Exit(1) from None
     if shutil.which("java") is None:
-        typer.echo("wmwatch demo: Java 17 is needed by Spark: install a JDK 17 and put java on PATH", err=True)
+        typer.echo(
+            "wmwatch demo: Java 17 is needed by Spark: install a JDK 17 and put java on PATH",
+            err=True,
+        )
         raise typer.Exit(1)
     from rich.console import Console
 
     from wmwatch._cli.demo_job import run_demo
-    from wmwatch._report.build import build_report, render_table
+    from wmwatch._report.build import build_report
+    from wmwatch._report.render import render_table
     from wmwatch._store.writer import open_readonly
 
     console = Console(highlight=False)
@@ -58,7 +74,11 @@ def demo(
     console.print(
         f"\nStreamed {result.input_rows} rows in {result.batches} batches; Spark dropped "
         f"{result.rows_dropped} late group(s)"
-        + (f"; wmwatch audited {result.late_rows_audited} late row(s)" if result.late_rows_audited is not None else "")
+        + (
+            f"; wmwatch audited {result.late_rows_audited} late row(s)"
+            if result.late_rows_audited is not None
+            else ""
+        )
         + ".\n"
     )
     with open_readonly(result.db) as con:

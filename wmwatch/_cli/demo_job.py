@@ -61,7 +61,9 @@ class EventGenerator(threading.Thread):
                 else:
                     event_time = now - timedelta(seconds=self.random.uniform(0, 4))
                 lines.append(json.dumps({
-                    "event_time": event_time.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                    "event_time": event_time.isoformat(timespec="milliseconds").replace(
+                        "+00:00", "Z"
+                    ),
                     "user": self.random.choice(users),
                     "amount": round(self.random.uniform(1, 200), 2),
                 }))
@@ -180,7 +182,9 @@ def run_demo(
                 if not query.isActive:
                     break
                 snap = watch.latest("demo_revenue_per_user")
-                state = next((s for s in watch.queries() if s.label == "demo_revenue_per_user"), None)
+                state = next(
+                    (s for s in watch.queries() if s.label == "demo_revenue_per_user"), None
+                )
                 stats = ""
                 if snap is not None and state is not None:
                     dropped = sum(state.dropped_total.values())

@@ -1,7 +1,7 @@
 """The ``wmwatch report`` command: options, failures as one line, output to stdout.
 
-The work is in :mod:`wmwatch._report.build`; duckdb and rich are imported inside the command so that
-``wmwatch --help`` stays instant.
+Building is in :mod:`wmwatch._report.build`, rendering in :mod:`wmwatch._report.render`; duckdb and
+rich are imported inside the command so that ``wmwatch --help`` stays instant.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def report(
     fmt = output_format.strip().lower()
     if fmt not in FORMATS:
         raise _fail(f"--format {output_format!r} is not one of {', '.join(FORMATS)}", 2)
-    from wmwatch._report.build import UnknownQueryError, parse_since
+    from wmwatch._report.build import parse_since
 
     since_at = None
     if since is not None:
@@ -65,9 +65,11 @@ def report(
 
     import duckdb
 
-    from wmwatch._errors import StoreError
-    from wmwatch._report.build import build_report, render_csv, render_json, render_table
+    from wmwatch._errors import StoreError, UnknownQueryError
+    from wmwatch._report.build import build_report
+    from wmwatch._report.render import render_csv, render_json, render_table
     from wmwatch._store.writer import open_readonly
+    from wmwatch._text import first_line
 
     try:
         with open_readonly(db, timeout=timeout_seconds) as con:
@@ -77,8 +79,7 @@ def report(
     except UnknownQueryError as exc:
         raise _fail(str(exc.args[0]), 1) from None
     except duckdb.Error as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise _fail(f"cannot read {db}: {first}", 1) from None
+        raise _fail(f"cannot read {db}: {first_line(str(exc)) or type(exc).__name__}", 1) from None
 
     if fmt == "json":
         sys.stdout.write(render_json(result))
