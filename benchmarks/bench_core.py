@@ -267,7 +267,7 @@ def bench_freshness(spark: Any, work: Path, seconds: float) -> dict[str, float]:
     progress = {p["batchId"]: p for p in query.recentProgress}
     query.stop()
     watch.close()
-    from wmwatch._progress import parse_timestamp
+    from wmwatch._time import parse_timestamp
 
     delays = []
     for batch, at in seen_at.items():

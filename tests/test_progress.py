@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wmwatch import ProgressParseError, parse_progress
-from wmwatch._progress import EPOCH, _redacted, parse_progress_event, parse_timestamp
+from wmwatch._progress import _redacted, parse_progress_event
 from wmwatch._text import _SECRET_PAIR, redact
+from wmwatch._time import EPOCH, parse_timestamp
 
 FIXTURE = Path(__file__).parent / "fixtures" / "progress_window.json"
 

@@ -13,8 +13,9 @@ from datetime import datetime
 from typing import Any
 
 from wmwatch._errors import ProgressParseError
-from wmwatch._progress import parse_timestamp, query_label
+from wmwatch._progress import query_label
 from wmwatch._text import redact
+from wmwatch._time import parse_timestamp
 
 
 @dataclass(frozen=True, slots=True)

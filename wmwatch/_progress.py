@@ -15,13 +15,13 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from wmwatch._errors import ProgressParseError
 from wmwatch._text import redact
+from wmwatch._time import EPOCH, parse_timestamp
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Spark reports the watermark as the epoch until the first one is computed.
 _UNSET_WATERMARK_MS = 0
 _MAX_LABEL_CHARS = 200
@@ -218,7 +218,9 @@ def _snapshot(doc: Any, raw_json: str) -> ProgressSnapshot:
             if ms is not None and ms >= 0:
                 durations_seconds[str(key)] = ms / 1000.0
     batch_duration_ms = _as_float(doc.get("batchDuration"))
-    sink = doc.get("sink") if isinstance(doc.get("sink"), Mapping) else {}
+    sink = doc.get("sink")
+    if not isinstance(sink, Mapping):
+        sink = {}
     sink_rows = _as_int(sink.get("numOutputRows"))
 
     return ProgressSnapshot(
@@ -244,28 +246,6 @@ def _snapshot(doc: Any, raw_json: str) -> ProgressSnapshot:
         sink_output_rows=sink_rows if sink_rows is not None and sink_rows >= 0 else None,
         raw_json=_redacted(raw_json),
     )
-
-
-def parse_timestamp(value: Any) -> datetime | None:
-    """Parse Spark's ISO-8601 UTC timestamps (``2026-01-01T00:00:00.000Z``); ``None`` if invalid."""
-    if not isinstance(value, str) or not value:
-        return None
-    text = value.strip()
-    if text.endswith(("Z", "z")):
-        text = text[:-1] + "+00:00"
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
-
-
-def to_epoch_seconds(value: datetime | None) -> float | None:
-    if value is None:
-        return None
-    return value.timestamp()
 
 
 def _seconds_between(later: datetime | None, earlier: datetime | None) -> float | None:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from wmwatch._progress import EPOCH, ProgressSnapshot
+from wmwatch._progress import ProgressSnapshot
+from wmwatch._time import EPOCH
 
 MIN_POLICY = "min"
 MAX_POLICY = "max"

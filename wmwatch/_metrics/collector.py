@@ -22,8 +22,8 @@ from prometheus_client.registry import Collector
 from wmwatch._core.health import HANDLING_BUCKETS_SECONDS, Health
 from wmwatch._core.plugins import WatchPlugin
 from wmwatch._core.state import QueryBook, QueryState
-from wmwatch._progress import to_epoch_seconds
 from wmwatch._text import valid_utf8 as _utf8
+from wmwatch._time import to_epoch_seconds
 
 log = logging.getLogger("wmwatch")
 
