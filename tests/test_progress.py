@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wmwatch import ProgressParseError, parse_progress
-from wmwatch._progress import _redacted, parse_progress_event
-from wmwatch._text import _SECRET_PAIR, redact
+from wmwatch._progress import parse_progress_event
+from wmwatch._text import _SECRET_PAIR, _mask, redact
 from wmwatch._time import EPOCH, parse_timestamp
 
 FIXTURE = Path(__file__).parent / "fixtures" / "progress_window.json"
@@ -267,4 +267,4 @@ def test_every_secret_key_is_masked_in_parsed_progress(key: str) -> None:
     ).map("".join)
 )
 def test_the_fast_redaction_path_agrees_with_the_redactor(text: str) -> None:
-    assert _redacted(text) == redact(text)
+    assert redact(text) == _mask(text)

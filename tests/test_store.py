@@ -23,8 +23,9 @@ import pytest
 from wmwatch._errors import StoreError
 from wmwatch._events import parse_started, parse_terminated
 from wmwatch._progress import ProgressSnapshot, parse_progress
-from wmwatch._store.schema import LATEST_VERSION
-from wmwatch._store.writer import HistoryStore, apply_retention, open_readonly
+from wmwatch._store.files import open_readonly
+from wmwatch._store.schema import LATEST_VERSION, apply_retention
+from wmwatch._store.writer import HistoryStore
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
