@@ -70,7 +70,10 @@ def test_no_event_time_means_no_watermark_figures() -> None:
 
 def test_epoch_watermark_is_reported_as_not_yet_set() -> None:
     snap = parse_progress(
-        minimal(timestamp="2026-01-01T00:00:00.000Z", eventTime={"watermark": "1970-01-01T00:00:00.000Z"})
+        minimal(
+            timestamp="2026-01-01T00:00:00.000Z",
+            eventTime={"watermark": "1970-01-01T00:00:00.000Z"},
+        )
     )
     assert snap.watermark_at == EPOCH
     assert not snap.has_watermark
@@ -99,8 +102,15 @@ def test_unknown_fields_and_wrong_types_are_ignored_not_fatal() -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    ["", "{", "[1,2]", "null", '{"id": "q"}', '{"id": "q", "runId": "r", "batchId": -1}',
-     '{"id": "q", "runId": "r", "batchId": "seven"}'],
+    [
+        "",
+        "{",
+        "[1,2]",
+        "null",
+        '{"id": "q"}',
+        '{"id": "q", "runId": "r", "batchId": -1}',
+        '{"id": "q", "runId": "r", "batchId": "seven"}',
+    ],
 )
 def test_documents_without_batch_identity_are_refused_with_a_clear_error(raw: str) -> None:
     with pytest.raises(ProgressParseError, match="progress"):
@@ -118,7 +128,9 @@ def test_timestamps_parse_with_and_without_zone() -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=30),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -132,7 +144,9 @@ timestamps = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(
-    batch=st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True), st.text()),
+    batch=st.one_of(
+        st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True), st.text()
+    ),
     name=st.one_of(st.none(), st.text(max_size=500)),
     event_time=st.dictionaries(st.sampled_from(["watermark", "max", "min", "avg"]), timestamps),
     operators=st.lists(st.dictionaries(st.text(max_size=20), json_values, max_size=6), max_size=3),
@@ -141,15 +155,26 @@ timestamps = st.one_of(
 def test_fuzzed_documents_parse_or_fail_cleanly(
     batch: Any, name: Any, event_time: Any, operators: Any, junk: Any
 ) -> None:
-    doc = {"id": "q", "runId": "r", "batchId": batch, "name": name, "eventTime": event_time,
-           "stateOperators": operators, "junk": junk}
+    doc = {
+        "id": "q",
+        "runId": "r",
+        "batchId": batch,
+        "name": name,
+        "eventTime": event_time,
+        "stateOperators": operators,
+        "junk": junk,
+    }
     text = json.dumps(doc, allow_nan=True)
     for raw in (text, text[: len(text) // 2]):
         try:
             snap = parse_progress(raw)
         except ProgressParseError:
             continue
-        for value in (snap.watermark_lag_seconds, snap.event_time_spread_seconds, snap.event_time_delay_seconds):
+        for value in (
+            snap.watermark_lag_seconds,
+            snap.event_time_spread_seconds,
+            snap.event_time_delay_seconds,
+        ):
             assert value is None or math.isfinite(value)
         assert len(snap.label) <= 200
 
@@ -262,8 +287,25 @@ def test_every_secret_key_is_masked_in_parsed_progress(key: str) -> None:
 @settings(max_examples=400, deadline=None)
 @given(
     text=st.lists(
-        st.sampled_from([*_secret_keys(), "=", ": ", "@", "://", "s3a://u:p@h/", "ſ", "\u212a", "İ", "ı",
-                         "PassWord", "x", " ", '"', ","])
+        st.sampled_from(
+            [
+                *_secret_keys(),
+                "=",
+                ": ",
+                "@",
+                "://",
+                "s3a://u:p@h/",
+                "ſ",
+                "\u212a",
+                "İ",
+                "ı",
+                "PassWord",
+                "x",
+                " ",
+                '"',
+                ",",
+            ]
+        )
         | st.text(max_size=6),
         max_size=12,
     ).map("".join)
@@ -272,11 +314,26 @@ def test_the_fast_redaction_path_agrees_with_the_redactor(text: str) -> None:
     assert redact(text) == _mask(text)
 
 
-# ----------------------------------------------------------------------------- clean at the boundary
+# ------------------------------------------------------------------------ clean at the boundary
 
 # Credentials in shapes the redactor knows, lone surrogates, text past every length bound.
-_DIRTY_PIECES = ['"', "\n", "\x00", "\ud800", "\udfff", "😀", "é", "=", "@", "://", "x" * 150,
-                 "password=hunter2", "s3a://AKIA:hunter2@bucket/p", "token: hunter2", "ſecret=hunter2"]
+_DIRTY_PIECES = [
+    '"',
+    "\n",
+    "\x00",
+    "\ud800",
+    "\udfff",
+    "😀",
+    "é",
+    "=",
+    "@",
+    "://",
+    "x" * 150,
+    "password=hunter2",
+    "s3a://AKIA:hunter2@bucket/p",
+    "token: hunter2",
+    "ſecret=hunter2",
+]
 dirty_text = st.lists(st.sampled_from(_DIRTY_PIECES), min_size=1, max_size=10).map(" ".join)
 
 

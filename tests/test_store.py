@@ -649,7 +649,8 @@ def test_retention_deletes_old_history_and_keeps_the_rest(tmp_path: Path) -> Non
 
         def audit(con: duckdb.DuckDBPyConnection) -> None:
             con.execute(
-                "INSERT INTO late_rows (query_id, batch_id, audited_at) VALUES ('q-1', 0, ?), ('q-1', 2, ?)",
+                "INSERT INTO late_rows (query_id, batch_id, audited_at) "
+                "VALUES ('q-1', 0, ?), ('q-1', 2, ?)",
                 (old, recent),
             )
             con.execute(
