@@ -226,7 +226,8 @@ def test_hostile_progress_never_escapes_the_listener_and_metrics_always_parse(
     assert watch.flush(timeout=30)
     assert watch._worker.is_alive()
     errors = watch.health.copy()["errors"]
-    assert not [stage for stage in errors if not stage.startswith(("parse:", "receive:"))], errors  # type: ignore[attr-defined]
+    assert isinstance(errors, dict)
+    assert not [stage for stage in errors if not stage.startswith(("parse:", "receive:"))], errors
 
     assert watch.metrics_url is not None
     samples = _parse_exposition(_scrape_text(watch.metrics_url))

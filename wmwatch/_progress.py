@@ -5,7 +5,8 @@ recorded fixture) goes through :func:`parse_progress`, or :func:`parse_progress_
 listener hands over (``QueryProgressEvent.json()`` nests the document under "progress").
 Milliseconds become seconds, ISO-8601 strings become aware UTC datetimes, and anything missing
 or malformed becomes ``None`` rather than an exception, except the three fields that identify a
-batch (``id``, ``runId``, ``batchId``).
+batch (``id``, ``runId``, ``batchId``). Text is cleaned here, once: every text field of a snapshot
+is redacted, bounded and valid UTF-8, so what stores, exports and reports it uses it as it is.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def _mask(text: str) -> str:
 
 def valid_utf8(text: str) -> str:
     """``text`` as valid UTF-8: lone surrogates (legal in Python strings and JSON escapes, not in
-    UTF-8) become U+FFFD, since DuckDB and the exposition format refuse them."""
+    UTF-8) become ``?``, since DuckDB and the exposition format refuse them."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
