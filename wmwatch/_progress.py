@@ -6,7 +6,7 @@ listener hands over (``QueryProgressEvent.json()`` nests the document under "pro
 Milliseconds become seconds, ISO-8601 strings become aware UTC datetimes, and anything missing
 or malformed becomes ``None`` rather than an exception, except the three fields that identify a
 batch (``id``, ``runId``, ``batchId``). Text is cleaned here, once: every text field of a snapshot
-is redacted, bounded and valid UTF-8, so what stores, exports and reports it uses it as it is.
+is redacted, bounded and valid UTF-8, and whatever stores, exports or reports it uses it as is.
 """
 
 from __future__ import annotations
