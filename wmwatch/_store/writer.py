@@ -223,7 +223,7 @@ class HistoryStore:
                 self.path,
             )
 
-    # ------------------------------------------------------------------ public API
+    # -- public API --
 
     @property
     def health(self) -> StoreHealth:
@@ -370,7 +370,7 @@ class HistoryStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ opening
+    # -- opening --
 
     def _open_initial(self, timeout_seconds: float) -> None:
         path = self.path
@@ -452,7 +452,7 @@ class HistoryStore:
             ) from None
         return con
 
-    # ------------------------------------------------------------------ writer thread
+    # -- writer thread --
 
     def _require_started(self) -> None:
         if self._thread is None:
