@@ -98,7 +98,7 @@ def per_event_costs(events: int = 5000) -> dict[str, float]:
     from wmwatch._core.state import QueryBook
     from wmwatch._inspect.plugin import PlanPlugin
     from wmwatch._progress import parse_progress_event
-    from wmwatch._store.writer import _progress_rows
+    from wmwatch._store.rows import progress_rows as _progress_rows
 
     texts = [
         '{"progress":' + json.dumps(progress_doc("q", batch, name="q"), separators=(",", ":")) + "}"

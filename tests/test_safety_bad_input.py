@@ -35,12 +35,33 @@ from wmwatch.cli import app
 
 # Text that breaks naive exposition or storage: quotes, backslashes, newlines, braces, NULs,
 # lone surrogates (valid in JSON escapes, invalid in UTF-8), right-to-left marks, emoji.
-HOSTILE_PIECES = ['"', "\\", "\n", "\r", "}", "{", "=", ",", "\x00", "\ud800", "\udfff", "\u202e",
-                  "😀", "# HELP x", "\\n", "password=hunter2", "s3a://AKIA:SECRET@bucket/p"]
+HOSTILE_PIECES = [
+    '"',
+    "\\",
+    "\n",
+    "\r",
+    "}",
+    "{",
+    "=",
+    ",",
+    "\x00",
+    "\ud800",
+    "\udfff",
+    "\u202e",
+    "😀",
+    "# HELP x",
+    "\\n",
+    "password=hunter2",
+    "s3a://AKIA:SECRET@bucket/p",
+]
 hostile_text = st.one_of(
     st.text(max_size=50),
     st.lists(st.sampled_from(HOSTILE_PIECES) | st.text(max_size=5), max_size=12).map("".join),
-    st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF), min_size=1000, max_size=5000),
+    st.text(
+        alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF),
+        min_size=1000,
+        max_size=5000,
+    ),
 )
 numbers = st.one_of(
     st.integers(min_value=-(2**80), max_value=2**80),
@@ -48,15 +69,26 @@ numbers = st.one_of(
     st.sampled_from([0, -1, 2**63 - 1, 2**63, 2**64, 1e308, -1e308, 5e-324]),
 )
 timestamps = st.one_of(
-    st.sampled_from(["1970-01-01T00:00:00.000Z", "1969-12-31T23:59:59.999Z", "0001-01-01T00:00:00.000Z",
-                     "9999-12-31T23:59:59.999Z", "2026-02-30T00:00:00Z", "2026-01-01T00:00:00+14:00",
-                     "", "Z", "now"]),
+    st.sampled_from(
+        [
+            "1970-01-01T00:00:00.000Z",
+            "1969-12-31T23:59:59.999Z",
+            "0001-01-01T00:00:00.000Z",
+            "9999-12-31T23:59:59.999Z",
+            "2026-02-30T00:00:00Z",
+            "2026-01-01T00:00:00+14:00",
+            "",
+            "Z",
+            "now",
+        ]
+    ),
     st.datetimes().map(lambda d: d.isoformat() + "Z"),
     hostile_text,
 )
 scalars = st.one_of(st.none(), st.booleans(), numbers, hostile_text)
 json_values = st.recursive(
-    scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(hostile_text, inner, max_size=3),
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(hostile_text, inner, max_size=3),
     max_leaves=8,
 )
 
@@ -72,7 +104,7 @@ def _mutated_operator(draw: Any) -> dict[str, Any]:
 
 @st.composite
 def hostile_progress(draw: Any) -> str:
-    """A progress document like Spark's with some fields replaced by hostile values, as JSON text."""
+    """A progress document like Spark's, some fields replaced by hostile values, as JSON text."""
     query_id = draw(st.sampled_from(["fz-1", "fz-2"]) | hostile_text)
     doc: dict[str, Any] = progress_doc(str(query_id), 1)
     doc["id"] = query_id if draw(st.integers(0, 9)) else draw(json_values)
@@ -83,9 +115,22 @@ def hostile_progress(draw: Any) -> str:
         st.dictionaries(st.sampled_from(["watermark", "max", "min", "avg"]), timestamps)
         | json_values
     )
-    for field in draw(st.lists(st.sampled_from(
-            ["numInputRows", "inputRowsPerSecond", "processedRowsPerSecond", "batchDuration",
-             "durationMs", "sink", "runId"]), max_size=4)):
+    for field in draw(
+        st.lists(
+            st.sampled_from(
+                [
+                    "numInputRows",
+                    "inputRowsPerSecond",
+                    "processedRowsPerSecond",
+                    "batchDuration",
+                    "durationMs",
+                    "sink",
+                    "runId",
+                ]
+            ),
+            max_size=4,
+        )
+    ):
         doc[field] = draw(json_values)
     doc["stateOperators"] = [_mutated_operator(draw) for _ in range(draw(st.integers(0, 3)))]
     if draw(st.booleans()):
@@ -118,7 +163,9 @@ class FakeJvmEvent:
 @pytest.fixture(scope="module")
 def fuzz_watch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[wmwatch.Watch]:
     db = tmp_path_factory.mktemp("fuzz") / "fuzz.duckdb"
-    watch = wmwatch.attach(NoQueriesSession(), db=str(db), metrics_port=free_port(), listener="stock")
+    watch = wmwatch.attach(
+        NoQueriesSession(), db=str(db), metrics_port=free_port(), listener="stock"
+    )
     try:
         yield watch
     finally:
@@ -150,8 +197,12 @@ def _parse_exposition(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]]
         HealthCheck.data_too_large,
     ],
 )
-@given(documents=st.lists(hostile_progress(), min_size=1, max_size=4),
-       lifecycle=st.lists(st.tuples(st.sampled_from(["started", "idle", "terminated"]), json_values), max_size=2))
+@given(
+    documents=st.lists(hostile_progress(), min_size=1, max_size=4),
+    lifecycle=st.lists(
+        st.tuples(st.sampled_from(["started", "idle", "terminated"]), json_values), max_size=2
+    ),
+)
 def test_hostile_progress_never_escapes_the_listener_and_metrics_always_parse(
     fuzz_watch: wmwatch.Watch, documents: list[str], lifecycle: list[tuple[str, Any]]
 ) -> None:
@@ -161,15 +212,22 @@ def test_hostile_progress_never_escapes_the_listener_and_metrics_always_parse(
         listener.onQueryProgress(FakeJvmEvent(text))  # must not raise, whatever the text
     listener.onQueryProgress(FakeJvmEvent(None))  # the JVM call itself failing
     for kind, payload in lifecycle:
-        getattr(listener, {"started": "onQueryStarted", "idle": "onQueryIdle",
-                           "terminated": "onQueryTerminated"}[kind])(FakeJvmEvent(json.dumps(payload)))
+        getattr(
+            listener,
+            {"started": "onQueryStarted", "idle": "onQueryIdle", "terminated": "onQueryTerminated"}[
+                kind
+            ],
+        )(FakeJvmEvent(json.dumps(payload)))
     # a good batch after the bad ones: the worker is alive and still updates the metrics
     good = next(_good_batch)
-    listener.onQueryProgress(FakeJvmEvent(json.dumps({"progress": progress_doc("fz-ok", good, name="fz_ok")})))
+    listener.onQueryProgress(
+        FakeJvmEvent(json.dumps({"progress": progress_doc("fz-ok", good, name="fz_ok")}))
+    )
     assert watch.flush(timeout=30)
     assert watch._worker.is_alive()
     errors = watch.health.copy()["errors"]
-    assert not [stage for stage in errors if not stage.startswith(("parse:", "receive:"))], errors  # type: ignore[attr-defined]
+    assert isinstance(errors, dict)
+    assert not [stage for stage in errors if not stage.startswith(("parse:", "receive:"))], errors
 
     assert watch.metrics_url is not None
     samples = _parse_exposition(_scrape_text(watch.metrics_url))
@@ -191,21 +249,33 @@ def test_after_the_fuzz_the_history_holds_only_sane_rows(fuzz_watch: wmwatch.Wat
     """Runs after the fuzz (same module watch): the store is up and its rows are readable."""
     watch = fuzz_watch
     for batch in range(3):
-        watch._events.offer("progress", json.dumps(progress_doc("fz-final", batch, name="fz_final")))
+        watch._events.offer(
+            "progress", json.dumps(progress_doc("fz-final", batch, name="fz_final"))
+        )
     assert watch.flush(timeout=30)
     assert watch.store.health.up
-    rows = watch.store.read(lambda con: con.execute(
-        "SELECT batch_id FROM batches WHERE query_id = 'fz-final' ORDER BY 1").fetchall())
+    rows = watch.store.read(
+        lambda con: con.execute(
+            "SELECT batch_id FROM batches WHERE query_id = 'fz-final' ORDER BY 1"
+        ).fetchall()
+    )
     assert rows == [(0,), (1,), (2,)]
-    total = watch.store.read(lambda con: con.execute(
-        "SELECT count(*), count(*) FILTER (WHERE batch_id < 0) FROM batches").fetchone())
+    total = watch.store.read(
+        lambda con: con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE batch_id < 0) FROM batches"
+        ).fetchone()
+    )
     assert total[0] >= 3 and total[1] == 0
 
 
 def test_label_values_that_would_break_the_format_are_escaped(tmp_path: Path) -> None:
     nasty = 'a"b\\c\nd}e{f=g,h # HELP'
-    with wmwatch.attach(NoQueriesSession(), db=str(tmp_path / "h.duckdb"), metrics_port=free_port(),
-                        listener="stock") as watch:
+    with wmwatch.attach(
+        NoQueriesSession(),
+        db=str(tmp_path / "h.duckdb"),
+        metrics_port=free_port(),
+        listener="stock",
+    ) as watch:
         doc = progress_doc("nasty-id", 4, name=nasty, description=nasty)
         doc["stateOperators"][0]["operatorName"] = nasty
         watch._events.offer("progress", json.dumps({"progress": doc}))
@@ -223,9 +293,13 @@ def test_label_values_that_would_break_the_format_are_escaped(tmp_path: Path) ->
 @pytest.fixture
 def history(tmp_path: Path) -> Path:
     db = tmp_path / "history.duckdb"
-    with wmwatch.attach(NoQueriesSession(), db=str(db), metrics_port=None, listener="stock") as watch:
+    with wmwatch.attach(
+        NoQueriesSession(), db=str(db), metrics_port=None, listener="stock"
+    ) as watch:
         for batch in range(5):
-            watch._events.offer("progress", json.dumps(progress_doc("q-known", batch, name="known_query")))
+            watch._events.offer(
+                "progress", json.dumps(progress_doc("q-known", batch, name="known_query"))
+            )
     return db
 
 
@@ -245,7 +319,9 @@ def _one_clear_line(code: int, stdout: str, stderr: str, *needles: str) -> None:
 
 
 def test_cli_unknown_query(history: Path) -> None:
-    _one_clear_line(*_run("--db", str(history), "--query", "no_such_query"), "no_such_query", "known_query")
+    _one_clear_line(
+        *_run("--db", str(history), "--query", "no_such_query"), "no_such_query", "known_query"
+    )
 
 
 @pytest.mark.parametrize("since", ["yesterday", "15 parsecs", "2026-13-45", "-5m", ""])
@@ -260,9 +336,13 @@ def test_cli_missing_db(tmp_path: Path) -> None:
 
 def test_cli_db_from_a_newer_wmwatch(history: Path) -> None:
     with duckdb.connect(str(history)) as con:
-        con.execute("INSERT INTO wmwatch_schema (version, description) VALUES (?, 'from the future')",
-                    [LATEST_VERSION + 7])
-    _one_clear_line(*_run("--db", str(history)), "newer wmwatch", f"v{LATEST_VERSION + 7}", "upgrade")
+        con.execute(
+            "INSERT INTO wmwatch_schema (version, description) VALUES (?, 'from the future')",
+            [LATEST_VERSION + 7],
+        )
+    _one_clear_line(
+        *_run("--db", str(history)), "newer wmwatch", f"v{LATEST_VERSION + 7}", "upgrade"
+    )
 
 
 @pytest.mark.parametrize("kind", ["folder", "garbage", "other_app", "empty"])
@@ -287,8 +367,10 @@ def test_cli_bad_format(history: Path) -> None:
 
 def test_writer_refuses_a_db_from_a_newer_wmwatch_with_one_sentence(history: Path) -> None:
     with duckdb.connect(str(history)) as con:
-        con.execute("INSERT INTO wmwatch_schema (version, description) VALUES (?, 'from the future')",
-                    [LATEST_VERSION + 1])
+        con.execute(
+            "INSERT INTO wmwatch_schema (version, description) VALUES (?, 'from the future')",
+            [LATEST_VERSION + 1],
+        )
     with pytest.raises(wmwatch.StoreError) as info:
         HistoryStore(history)
     assert "\n" not in str(info.value) and "newer wmwatch" in str(info.value)

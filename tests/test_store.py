@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,9 @@ import pytest
 from wmwatch._errors import StoreError
 from wmwatch._events import parse_started, parse_terminated
 from wmwatch._progress import ProgressSnapshot, parse_progress
-from wmwatch._store.schema import LATEST_VERSION
-from wmwatch._store.writer import HistoryStore, apply_retention, open_readonly
+from wmwatch._store.files import open_readonly
+from wmwatch._store.schema import LATEST_VERSION, apply_retention
+from wmwatch._store.writer import HistoryStore
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -118,6 +119,16 @@ def hold_lock(path: Path, *, read_only: bool = False) -> subprocess.Popen[str]:
     return child
 
 
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` passes; whether it held."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def release(child: subprocess.Popen[str]) -> None:
     assert child.stdin is not None
     child.stdin.write("go\n")
@@ -168,6 +179,42 @@ def test_round_trip_batches_operators_sources_and_lifecycle(store: HistoryStore)
     health = store.health
     assert health.up and health.written_total == 7 and health.pending_writes == 0
     assert health.errors_total == 0 and health.last_flush_at is not None
+
+
+def test_credentials_are_masked_and_bad_utf8_is_stored_safely(store: HistoryStore) -> None:
+    """Snapshots and events arrive clean from the parse; the store writes them as they are."""
+    secret = "password=hunter2 s3a://AKIA:hunter2@bucket/in"
+    doc = json.loads(
+        (REPO / "tests" / "fixtures" / "progress_window.json").read_text(encoding="utf-8")
+    )
+    doc.update(id="q-bad", batchId=0, name=f"bad \ud800 {secret} " + "x" * 300)
+    doc["stateOperators"][0]["operatorName"] = "agg\udfff"
+    doc["sources"][0]["description"] = f"Kafka[{secret}] \ud800"
+    snapshot = parse_progress(json.dumps(doc))  # lone \ud800 escapes in the raw JSON
+    assert "\\ud800" in json.dumps(doc)
+    store.record_progress(snapshot)
+    store.record_query_started(parse_started({"id": "q-bad", "runId": "r", "name": secret}))
+    store.record_query_terminated(
+        parse_terminated({"id": "q-bad", "runId": "r", "exception": f"boom {secret} \udfff"})
+    )
+    assert store.flush(timeout=10)
+    assert store.health.errors_total == 0
+    store.close()
+
+    ((name, progress_json),) = rows(
+        store.path, "SELECT query_name, progress_json::VARCHAR FROM batches"
+    )
+    assert name == snapshot.name and len(name) == 200 and name.startswith("bad ? password=***")
+    assert "hunter2" not in progress_json and "\\ud800" not in progress_json
+    assert rows(store.path, "SELECT operator_name FROM operators") == [("agg?",)]
+    ((description,),) = rows(store.path, "SELECT description FROM sources")
+    assert description == "Kafka[password=*** s3a://***@bucket/in] ?"
+    ((exception, names),) = rows(
+        store.path,
+        "SELECT max(exception), string_agg(query_name, ',') FROM queries WHERE query_id = 'q-bad'",
+    )
+    assert exception == "boom password=*** s3a://***@bucket/in ?"
+    assert "hunter2" not in names
 
 
 def test_retried_batch_id_replaces_and_never_duplicates(store: HistoryStore) -> None:
@@ -382,7 +429,10 @@ def test_db_locked_by_another_process_keeps_writes_and_resumes(
                 assert health.pending_writes == 5
                 assert "locked by another process" in (health.last_error or "")
                 assert health.errors_total >= 1
-                time.sleep(0.5)  # several retries: still one log line for the state change
+                # several retries, each a failed attempt: still one log line for the state change
+                retried = wait_until(lambda: history.health.errors_total >= health.errors_total + 3)
+                assert retried, history.health
+                assert not history.health.up
         finally:
             release(child)
         assert history.flush(timeout=10)
@@ -599,7 +649,8 @@ def test_retention_deletes_old_history_and_keeps_the_rest(tmp_path: Path) -> Non
 
         def audit(con: duckdb.DuckDBPyConnection) -> None:
             con.execute(
-                "INSERT INTO late_rows (query_id, batch_id, audited_at) VALUES ('q-1', 0, ?), ('q-1', 2, ?)",
+                "INSERT INTO late_rows (query_id, batch_id, audited_at) "
+                "VALUES ('q-1', 0, ?), ('q-1', 2, ?)",
                 (old, recent),
             )
             con.execute(

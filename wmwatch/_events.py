@@ -2,6 +2,7 @@
 
 Progress events become :class:`wmwatch._progress.ProgressSnapshot`; the other three kinds are
 parsed here from the JSON Spark gives them (``event.json()`` on the JVM side) or from a mapping.
+Like a snapshot, an event holds only clean text (redacted, bounded, valid UTF-8).
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ from datetime import datetime
 from typing import Any
 
 from wmwatch._errors import ProgressParseError
-from wmwatch._progress import parse_timestamp, query_label
-from wmwatch._text import redact
+from wmwatch._progress import clean_name
+from wmwatch._text import clean, valid_utf8
+from wmwatch._time import parse_timestamp
+
+# An exception with its stack trace, as Spark reports it; the report prints its first line.
+_MAX_EXCEPTION_CHARS = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +31,7 @@ class QueryStarted:
 
     @property
     def label(self) -> str:
-        return query_label(self.name, self.query_id)
+        return self.name or self.query_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +70,7 @@ def _ids(doc: Mapping[str, Any]) -> tuple[str, str]:
     query_id, run_id = doc.get("id"), doc.get("runId")
     if not isinstance(query_id, str) or not isinstance(run_id, str) or not query_id or not run_id:
         raise ProgressParseError("event lacks id or runId")
-    return query_id, run_id
+    return valid_utf8(query_id), valid_utf8(run_id)
 
 
 def parse_started(raw: str | Mapping[str, Any]) -> QueryStarted:
@@ -75,7 +80,7 @@ def parse_started(raw: str | Mapping[str, Any]) -> QueryStarted:
     return QueryStarted(
         query_id=query_id,
         run_id=run_id,
-        name=name if isinstance(name, str) and name else None,
+        name=clean_name(name) if isinstance(name, str) else None,
         started_at=parse_timestamp(doc.get("timestamp")),
     )
 
@@ -83,7 +88,9 @@ def parse_started(raw: str | Mapping[str, Any]) -> QueryStarted:
 def parse_idle(raw: str | Mapping[str, Any]) -> QueryIdle:
     doc = _load(raw)
     query_id, run_id = _ids(doc)
-    return QueryIdle(query_id=query_id, run_id=run_id, idle_at=parse_timestamp(doc.get("timestamp")))
+    return QueryIdle(
+        query_id=query_id, run_id=run_id, idle_at=parse_timestamp(doc.get("timestamp"))
+    )
 
 
 def parse_terminated(raw: str | Mapping[str, Any]) -> QueryTerminated:
@@ -94,7 +101,11 @@ def parse_terminated(raw: str | Mapping[str, Any]) -> QueryTerminated:
     return QueryTerminated(
         query_id=query_id,
         run_id=run_id,
-        exception=redact(exception)[:20_000] if isinstance(exception, str) and exception else None,
-        error_class=error_class if isinstance(error_class, str) and error_class else None,
+        exception=(
+            clean(exception, _MAX_EXCEPTION_CHARS)
+            if isinstance(exception, str) and exception
+            else None
+        ),
+        error_class=clean_name(error_class) if isinstance(error_class, str) else None,
         terminated_at=parse_timestamp(doc.get("timestamp")),
     )

@@ -5,7 +5,8 @@ recorded fixture) goes through :func:`parse_progress`, or :func:`parse_progress_
 listener hands over (``QueryProgressEvent.json()`` nests the document under "progress").
 Milliseconds become seconds, ISO-8601 strings become aware UTC datetimes, and anything missing
 or malformed becomes ``None`` rather than an exception, except the three fields that identify a
-batch (``id``, ``runId``, ``batchId``).
+batch (``id``, ``runId``, ``batchId``). Text is cleaned here, once: every text field of a snapshot
+is redacted, bounded and valid UTF-8, and whatever stores, exports or reports it uses it as is.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from wmwatch._errors import ProgressParseError
-from wmwatch._text import redact
+from wmwatch._text import clean, clean_json, valid_utf8
+from wmwatch._time import EPOCH, parse_timestamp
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# Spark reports the watermark as the epoch until the first one is computed.
-_UNSET_WATERMARK_MS = 0
-_MAX_LABEL_CHARS = 200
+# Longest name (of a query, operator, metric or error class) and description wmwatch keeps.
+_MAX_NAME_CHARS = 200
+_MAX_DESCRIPTION_CHARS = 1000
 # QueryProgressEvent.json() on the JVM side: {"progress":{...}}
 _EVENT_PREFIX = '{"progress"'
 _EVENT_COLON = re.compile(r'[ \t\n\r]*:')
@@ -49,7 +50,8 @@ class OperatorProgress:
 
 @dataclass(frozen=True, slots=True)
 class SourceProgress:
-    """One source's numbers for one batch; ``index`` matches the checkpoint's ``sources/<index>``."""
+    """One source's numbers for one batch; ``index`` matches the checkpoint's
+    ``sources/<index>``."""
 
     index: int
     description: str
@@ -88,7 +90,7 @@ class ProgressSnapshot:
     @property
     def label(self) -> str:
         """The ``query`` label: the query's name, or its id when it has none."""
-        return query_label(self.name, self.query_id)
+        return self.name or self.query_id
 
     @property
     def has_watermark(self) -> bool:
@@ -131,10 +133,16 @@ class ProgressSnapshot:
 
 
 def query_label(name: str | None, query_id: str) -> str:
-    """The value of the ``query`` label: the name (bounded, redacted) or the id."""
-    if name:
-        return _redacted(name)[:_MAX_LABEL_CHARS]
-    return query_id
+    """The value of the ``query`` label: the name (cleaned as :func:`clean_name` does) or the id."""
+    return clean_name(name) or query_id
+
+
+def clean_name(name: str | None) -> str | None:
+    """A name from Spark (a query's, an error class) as wmwatch keeps it: redacted, bounded,
+    valid UTF-8; None for no name.
+
+    Cleaning a cleaned name changes nothing, so a name from a snapshot or event passes as is."""
+    return clean(name, _MAX_NAME_CHARS) if name else None
 
 
 def parse_progress(raw: str | bytes | Mapping[str, Any]) -> ProgressSnapshot:
@@ -206,6 +214,9 @@ def _snapshot(doc: Any, raw_json: str) -> ProgressSnapshot:
     batch_id = _as_int(doc.get("batchId"))
     if not query_id or not run_id or batch_id is None or batch_id < 0:
         raise ProgressParseError("progress lacks id, runId or batchId")
+    # Ids are kept whole (a cut or a mask could make two queries one); they only need to be
+    # valid UTF-8.
+    query_id, run_id = valid_utf8(query_id), valid_utf8(run_id)
 
     event_time = doc.get("eventTime")
     if not isinstance(event_time, Mapping):
@@ -216,19 +227,23 @@ def _snapshot(doc: Any, raw_json: str) -> ProgressSnapshot:
         for key, value in durations.items():
             ms = _as_float(value)
             if ms is not None and ms >= 0:
-                durations_seconds[str(key)] = ms / 1000.0
+                durations_seconds[_key(key)] = ms / 1000.0
     batch_duration_ms = _as_float(doc.get("batchDuration"))
-    sink = doc.get("sink") if isinstance(doc.get("sink"), Mapping) else {}
+    sink = doc.get("sink")
+    if not isinstance(sink, Mapping):
+        sink = {}
     sink_rows = _as_int(sink.get("numOutputRows"))
 
     return ProgressSnapshot(
         query_id=query_id,
         run_id=run_id,
-        name=_as_str(doc.get("name")) or None,
+        name=clean_name(_as_str(doc.get("name"))),
         batch_id=batch_id,
         timestamp_at=parse_timestamp(doc.get("timestamp")),
         batch_duration_seconds=(
-            batch_duration_ms / 1000.0 if batch_duration_ms is not None and batch_duration_ms >= 0 else None
+            batch_duration_ms / 1000.0
+            if batch_duration_ms is not None and batch_duration_ms >= 0
+            else None
         ),
         durations_seconds=durations_seconds,
         watermark_at=parse_timestamp(event_time.get("watermark")),
@@ -240,32 +255,10 @@ def _snapshot(doc: Any, raw_json: str) -> ProgressSnapshot:
         processed_rows_per_second=_as_nonneg_float(doc.get("processedRowsPerSecond")),
         operators=_parse_operators(doc.get("stateOperators")),
         sources=_parse_sources(doc.get("sources")),
-        sink_description=_redacted(_as_str(sink.get("description")) or "") or None,
+        sink_description=_description(sink.get("description")) or None,
         sink_output_rows=sink_rows if sink_rows is not None and sink_rows >= 0 else None,
-        raw_json=_redacted(raw_json),
+        raw_json=clean_json(raw_json),
     )
-
-
-def parse_timestamp(value: Any) -> datetime | None:
-    """Parse Spark's ISO-8601 UTC timestamps (``2026-01-01T00:00:00.000Z``); ``None`` if invalid."""
-    if not isinstance(value, str) or not value:
-        return None
-    text = value.strip()
-    if text.endswith(("Z", "z")):
-        text = text[:-1] + "+00:00"
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
-
-
-def to_epoch_seconds(value: datetime | None) -> float | None:
-    if value is None:
-        return None
-    return value.timestamp()
 
 
 def _seconds_between(later: datetime | None, earlier: datetime | None) -> float | None:
@@ -287,11 +280,11 @@ def _parse_operators(value: Any) -> tuple[OperatorProgress, ...]:
             for key, metric in custom.items():
                 number = _as_float(metric)
                 if number is not None:
-                    custom_metrics[str(key)] = number
+                    custom_metrics[_key(key)] = number
         operators.append(
             OperatorProgress(
                 operator_id=index,
-                name=(_as_str(item.get("operatorName")) or "unknown")[:_MAX_LABEL_CHARS],
+                name=clean(_as_str(item.get("operatorName")) or "unknown", _MAX_NAME_CHARS),
                 rows_total=_as_nonneg_int(item.get("numRowsTotal")),
                 rows_updated=_as_nonneg_int(item.get("numRowsUpdated")),
                 rows_removed=_as_nonneg_int(item.get("numRowsRemoved")),
@@ -315,7 +308,7 @@ def _parse_sources(value: Any) -> tuple[SourceProgress, ...]:
         sources.append(
             SourceProgress(
                 index=index,
-                description=_redacted(_as_str(item.get("description")) or "")[:1000],
+                description=_description(item.get("description")),
                 start_offset=_offset(item.get("startOffset")),
                 end_offset=_offset(item.get("endOffset")),
                 latest_offset=_offset(item.get("latestOffset")),
@@ -328,28 +321,19 @@ def _parse_sources(value: Any) -> tuple[SourceProgress, ...]:
 
 
 def _offset(value: Any) -> str | None:
+    # Offsets are kept whole: a source's offsets (one per Kafka partition) can be long.
     if value is None:
         return None
-    if isinstance(value, str):
-        return _redacted(value)
-    return _redacted(_dumps(value))
+    return clean(value if isinstance(value, str) else _dumps(value))
 
 
-# Stems of every secret key that ``redact`` masks (its ``_SECRET_PAIR``); a test keeps the two
-# lists in step.
-_SECRET_STEMS = ("passw", "pwd", "secret", "token", "key", "sas", "sig", "credential")
+def _description(value: Any) -> str:
+    return clean(_as_str(value) or "", _MAX_DESCRIPTION_CHARS)
 
 
-def _redacted(text: str) -> str:
-    """``redact(text)``, skipping its two regex passes (about 0.2 ms over a progress document)
-    when the text cannot hold a credential. Only ASCII text is ruled out by substring tests:
-    ``redact`` ignores case, and some non-ASCII letters match ASCII ones (the long s, the Kelvin
-    sign, the dotted and dotless i)."""
-    if text.isascii() and "@" not in text:
-        lowered = text.lower()
-        if not any(stem in lowered for stem in _SECRET_STEMS):
-            return text
-    return redact(text)
+def _key(key: Any) -> str:
+    """The name of a duration phase (an exported label value) or of a custom metric."""
+    return clean(str(key), _MAX_NAME_CHARS)
 
 
 def _dumps(value: Any) -> str:

@@ -1,4 +1,4 @@
-"""The DuckDB history schema and its migrations.
+"""The DuckDB history schema, its migrations and its retention.
 
 The schema is versioned in ``wmwatch_schema``. Migrations are append-only: version N is applied
 once, in a transaction, to a database at version N-1. A database written by a newer wmwatch than
@@ -8,8 +8,17 @@ table; keep both in step.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from wmwatch._errors import StoreError
+
+if TYPE_CHECKING:
+    import duckdb
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +56,8 @@ MIGRATIONS: tuple[Migration, ...] = (
                 query_name          VARCHAR,
                 batch_at            TIMESTAMPTZ,        -- trigger start (progress "timestamp")
                 watermark_at        TIMESTAMPTZ,        -- watermark computed for this batch
-                late_watermark_at   TIMESTAMPTZ,        -- watermark the late-row filter used: the previous batch's
+                -- watermark the late-row filter used: the previous batch's
+                late_watermark_at   TIMESTAMPTZ,
                 event_time_max_at   TIMESTAMPTZ,
                 event_time_min_at   TIMESTAMPTZ,
                 event_time_avg_at   TIMESTAMPTZ,
@@ -58,7 +68,8 @@ MIGRATIONS: tuple[Migration, ...] = (
                 processed_rows_per_second DOUBLE,
                 batch_duration_seconds    DOUBLE,
                 durations_seconds   JSON,               -- {"addBatch": 0.12, "getBatch": 0.01, ...}
-                rows_dropped_by_watermark BIGINT,       -- sum over operators (groups for aggregations)
+                -- sum over operators (groups for aggregations)
+                rows_dropped_by_watermark BIGINT,
                 state_rows_total    BIGINT,
                 state_memory_bytes  BIGINT,
                 sink_output_rows    BIGINT,
@@ -71,7 +82,8 @@ MIGRATIONS: tuple[Migration, ...] = (
             CREATE TABLE IF NOT EXISTS operators (
                 query_id        VARCHAR NOT NULL,
                 batch_id        BIGINT NOT NULL,
-                operator_id     INTEGER NOT NULL,       -- index in stateOperators; 0 is the most downstream
+                -- index in stateOperators; 0 is the most downstream
+                operator_id     INTEGER NOT NULL,
                 operator_name   VARCHAR,
                 rows_total      BIGINT,
                 rows_updated    BIGINT,
@@ -107,11 +119,13 @@ MIGRATIONS: tuple[Migration, ...] = (
                 event_time_at   TIMESTAMPTZ,
                 watermark_at    TIMESTAMPTZ,            -- the late-row watermark that dropped it
                 lateness_seconds DOUBLE,                -- watermark_at - event_time_at
-                window_start_at TIMESTAMPTZ,            -- windowed aggregations: the window it missed
+                -- windowed aggregations: the window it missed
+                window_start_at TIMESTAMPTZ,
                 window_end_at   TIMESTAMPTZ,
                 operator_kind   VARCHAR,                -- window | dedupe | dedupe_within_watermark
                 source_file     VARCHAR,
-                row_data        JSON,                   -- the row's own columns (allow-listed, hashed)
+                -- the row's own columns (allow-listed, hashed)
+                row_data        JSON,
                 audited_at      TIMESTAMPTZ NOT NULL
             )
             """,
@@ -136,7 +150,8 @@ MIGRATIONS: tuple[Migration, ...] = (
                 query_name      VARCHAR,
                 operator_id     INTEGER,
                 side            VARCHAR,                -- left | right | NULL
-                kind            VARCHAR NOT NULL,       -- join_state_unbounded, watermark_stalled, ...
+                -- join_state_unbounded, watermark_stalled, ...
+                kind            VARCHAR NOT NULL,
                 severity        VARCHAR NOT NULL,       -- warning | critical
                 status          VARCHAR NOT NULL,       -- active | resolved
                 message         VARCHAR NOT NULL,
@@ -159,7 +174,8 @@ MIGRATIONS: tuple[Migration, ...] = (
             CREATE TABLE IF NOT EXISTS operator_watermarks (
                 query_id        VARCHAR NOT NULL,
                 batch_id        BIGINT NOT NULL,
-                operator_id     INTEGER NOT NULL,       -- stateful operator id; 0 is the most downstream
+                -- stateful operator id; 0 is the most downstream
+                operator_id     INTEGER NOT NULL,
                 operator_name   VARCHAR,
                 late_watermark_at     TIMESTAMPTZ,      -- input watermark for late rows
                 eviction_watermark_at TIMESTAMPTZ,      -- input watermark for eviction and output
@@ -172,14 +188,19 @@ MIGRATIONS: tuple[Migration, ...] = (
                 query_id        VARCHAR NOT NULL,
                 batch_id        BIGINT NOT NULL,
                 node_id         VARCHAR NOT NULL,       -- the withWatermark node's id in the plan
-                source          VARCHAR,                -- the input(s) under it, as progress names them
+                -- the input(s) under it, as progress names them
+                source          VARCHAR,
                 event_time_column VARCHAR,
                 delay_seconds   DOUBLE,
-                watermark_at    TIMESTAMPTZ,            -- this input's own watermark (max event time - delay)
-                event_time_max_at TIMESTAMPTZ,          -- max event time this input has seen in the run
-                idle_batches    INTEGER,                -- consecutive batches in which it read nothing
+                -- this input's own watermark (max event time - delay)
+                watermark_at    TIMESTAMPTZ,
+                -- max event time this input has seen in the run
+                event_time_max_at TIMESTAMPTZ,
+                -- consecutive batches in which it read nothing
+                idle_batches    INTEGER,
                 holding_back    BOOLEAN,                -- the global watermark is waiting for it
-                policy          VARCHAR,                -- multipleWatermarkPolicy in force: min | max
+                -- multipleWatermarkPolicy in force: min | max
+                policy          VARCHAR,
                 recorded_at     TIMESTAMPTZ NOT NULL,
                 PRIMARY KEY (query_id, batch_id, node_id)
             )
@@ -223,3 +244,87 @@ CREATE TABLE IF NOT EXISTS wmwatch_schema (
     applied_at  TIMESTAMPTZ NOT NULL DEFAULT now()
 )
 """
+
+
+def schema_version(
+    con: duckdb.DuckDBPyConnection, path: Path | str, *, reading: bool = False
+) -> int:
+    """The schema version of the open database (0 for an empty one that is being written).
+
+    Raises :class:`StoreError` when the database is not a wmwatch history (for a reader, an
+    empty database is not one either) or was written by a newer wmwatch than this one.
+    """
+    tables = {
+        row[0]
+        for row in con.execute(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_catalog = current_database() AND table_schema = 'main'"
+        ).fetchall()
+    }
+    if "wmwatch_schema" not in tables:
+        if reading:
+            raise StoreError(
+                f"{path} is not a wmwatch history database: move it aside or pass another --db"
+            )
+        if tables:
+            raise StoreError(
+                f"{path} is a DuckDB database of another application, not a wmwatch history: "
+                "pass another --db"
+            )
+        return 0
+    row = con.execute("SELECT coalesce(max(version), 0) FROM wmwatch_schema").fetchone()
+    version = int(row[0]) if row else 0
+    if version > LATEST_VERSION:
+        remedy = "upgrade wmwatch to read it" if reading else "upgrade wmwatch or pass another --db"
+        raise StoreError(
+            f"{path} was written by a newer wmwatch (schema v{version}, this one knows "
+            f"v{LATEST_VERSION}): {remedy}"
+        )
+    return version
+
+
+def migrate(con: duckdb.DuckDBPyConnection, path: Path | str) -> int:
+    """Bring the database to :data:`LATEST_VERSION`; return the version it was at."""
+    version = schema_version(con, path)
+    for migration in MIGRATIONS:
+        if migration.version <= version:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(VERSION_TABLE)
+            for statement in migration.statements:
+                con.execute(statement)
+            con.execute(
+                "INSERT INTO wmwatch_schema (version, description) VALUES (?, ?)",
+                (migration.version, migration.description),
+            )
+            con.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                con.execute("ROLLBACK")
+            raise
+    return version
+
+
+def apply_retention(con: duckdb.DuckDBPyConnection, *, cutoff_epoch_seconds: float) -> int:
+    """Delete history recorded before the cutoff; returns the number of rows deleted.
+
+    Operators and sources go with their batch; late rows and audit batches by their audit time;
+    resolved findings by their last sighting. Query lifecycle rows are kept (one per run).
+    """
+    cutoff = datetime.fromtimestamp(cutoff_epoch_seconds, UTC)
+    statements = (
+        """DELETE FROM operators o USING batches b
+           WHERE o.query_id = b.query_id AND o.batch_id = b.batch_id AND b.batch_at < ?""",
+        """DELETE FROM sources s USING batches b
+           WHERE s.query_id = b.query_id AND s.batch_id = b.batch_id AND b.batch_at < ?""",
+        "DELETE FROM batches WHERE batch_at < ?",
+        "DELETE FROM late_rows WHERE audited_at < ?",
+        "DELETE FROM audit_batches WHERE audited_at < ?",
+        "DELETE FROM findings WHERE status = 'resolved' AND last_seen_at < ?",
+    )
+    deleted = 0
+    for statement in statements:
+        row = con.execute(statement, (cutoff,)).fetchone()
+        deleted += int(row[0]) if row else 0
+    return deleted

@@ -1,4 +1,5 @@
-"""The DuckDB history store: the one place where rows go into the history file.
+"""The DuckDB history store: the queue and the one writer thread through which every row goes
+into the history file.
 
 DuckDB lets one process write a database file and locks the file while any connection is open,
 so a writer that kept its connection open would lock ``wmwatch report`` (and every other reader)
@@ -14,29 +15,24 @@ retried Spark batch replaces rows instead of duplicating them. Nothing already c
 deleted, except by the optional retention.
 
 A file has one writer at a time: a store holds an exclusive lock on ``<db>.lock`` for its whole
-life (see :class:`_WriterLock`), so a second writer, in this process or another, is refused with
-one line instead of two writers fighting over the same batches. Readers never take it.
+life (see :class:`wmwatch._store.files.WriterLock`), so a second writer, in this process or
+another, is refused with one line instead of two writers fighting over the same batches.
+Readers never take it.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
-import fcntl
 import itertools
-import json
 import logging
 import math
 import os
-import re
-import shutil
-import tempfile
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, replace
@@ -47,9 +43,29 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from wmwatch._errors import StoreError
 from wmwatch._events import QueryStarted, QueryTerminated
 from wmwatch._progress import ProgressSnapshot
-from wmwatch._store.schema import LATEST_VERSION, MIGRATIONS, VERSION_TABLE
-from wmwatch._text import redact
-from wmwatch._text import valid_utf8 as _utf8
+from wmwatch._store.files import (
+    FILE_MODE,
+    WriterEngine,
+    WriterLock,
+    cannot_write,
+    connect,
+    create_database,
+    describe_open_error,
+    drop_empty_wal,
+    open_readonly,
+    private_wal,
+)
+from wmwatch._store.rows import (
+    ProgressRows,
+    QueryHistory,
+    progress_rows,
+    read_history,
+    write_progress_rows,
+    write_query_started,
+    write_query_terminated,
+)
+from wmwatch._store.schema import apply_retention, migrate
+from wmwatch._text import error_line
 
 if TYPE_CHECKING:
     import duckdb
@@ -58,6 +74,9 @@ __all__ = [
     "HistoryStore",
     "QueryHistory",
     "StoreHealth",
+    "Write",
+    "apply_retention",
+    "migrate",
     "open_readonly",
 ]
 
@@ -70,10 +89,8 @@ _log = logging.getLogger("wmwatch.store")
 # small enough that one commit stays well under a second.
 _CHUNK_WRITES = 2_000
 _MAX_BACKOFF_SECONDS = 5.0
-_LOCK_POLL_SECONDS = 0.005
 # Least time the writer leaves the file closed between flushes, so readers always get a turn.
 _READER_GAP_SECONDS = 0.05
-_FILE_MODE = 0o600
 # Longest a paced writer waits between timed flushes, however slow a flush is.
 _MAX_PACED_INTERVAL_SECONDS = 30.0
 
@@ -91,22 +108,12 @@ class StoreHealth:
     last_flush_at: datetime | None
 
 
-@dataclass(frozen=True, slots=True)
-class QueryHistory:
-    """What the file held for one query when the store opened it."""
-
-    query_id: str
-    query_name: str | None
-    batches: int
-    last_batch_id: int | None
-
-
 @dataclass(slots=True)
 class _Pending:
     seq: int
     description: str
     write: Write | None
-    progress: _ProgressRows | None = None
+    progress: ProgressRows | None = None
 
 
 @dataclass(slots=True)
@@ -128,67 +135,6 @@ def _close_open_stores() -> None:
 
 class _Unavailable(Exception):
     """The database file cannot be opened or committed to right now (retry later)."""
-
-
-_ATTACHED_AS = "wmwatch_history"
-
-
-class _WriterEngine:
-    """The writer thread's DuckDB instance, in memory, with the history file attached per flush.
-
-    Starting a DuckDB instance (function catalog, settings, thread pool) costs about as much CPU
-    as a small flush's writes, and a flush every ``flush_interval_seconds`` would pay it each
-    time. Attaching the file to a live instance costs a tenth of that, and
-    DETACH, like closing a connection, checkpoints and releases the file lock: readers get the
-    file between flushes exactly as before. One thread: a flush is a handful of small
-    statements, and a pool would compete with Spark's tasks for every core.
-    """
-
-    def __init__(self) -> None:
-        self._con: duckdb.DuckDBPyConnection | None = None
-
-    def attach(self, path: Path, *, deadline: float) -> duckdb.DuckDBPyConnection:
-        """The engine with ``path`` attached and in use; retries lock conflicts until ``deadline``."""
-        import duckdb
-
-        if self._con is None:
-            try:
-                con = duckdb.connect(":memory:", config={"threads": 1})
-                con.execute("SET TimeZone = 'UTC'")
-            except (duckdb.Error, OSError) as exc:
-                raise StoreError(f"cannot start DuckDB: {_first_line(exc)}") from None
-            self._con = con
-        con = self._con
-        quoted = str(path).replace("'", "''")
-
-        def attach_once() -> duckdb.DuckDBPyConnection:
-            try:
-                con.execute(f"ATTACH '{quoted}' AS {_ATTACHED_AS}")
-                con.execute(f"USE {_ATTACHED_AS}")
-            except BaseException:
-                self.detach()
-                raise
-            return con
-
-        return _until_unlocked(path, deadline, attach_once)
-
-    def detach(self) -> None:
-        """Release the file (checkpoint, lock); the instance stays for the next flush."""
-        con = self._con
-        if con is None:
-            return
-        try:
-            con.execute("USE memory")
-            con.execute(f"DETACH DATABASE IF EXISTS {_ATTACHED_AS}")
-        except Exception:  # noqa: BLE001 - the lock must not outlive the flush: drop the instance
-            _log.debug("detaching the history file failed; closing the DuckDB instance", exc_info=True)
-            self.close()
-
-    def close(self) -> None:
-        con, self._con = self._con, None
-        if con is not None:
-            with contextlib.suppress(Exception):
-                con.close()
 
 
 class HistoryStore:
@@ -260,10 +206,10 @@ class HistoryStore:
         self._dropping_logged = False
 
         self._verified_file: tuple[int, int] | None = None
-        self._engine = _WriterEngine()
+        self._engine = WriterEngine()
         self.recovered_after_crash = False
         self.history_at_open: tuple[QueryHistory, ...] = ()
-        self._writer_lock = _WriterLock(self.path)
+        self._writer_lock = WriterLock(self.path)
         try:
             self._open_initial(open_timeout_seconds)
         except BaseException:
@@ -277,7 +223,7 @@ class HistoryStore:
                 self.path,
             )
 
-    # ------------------------------------------------------------------ public API
+    # -- public API --
 
     @property
     def health(self) -> StoreHealth:
@@ -308,7 +254,7 @@ class HistoryStore:
         self._enqueue(description, write, None)
 
     def _enqueue(
-        self, description: str, write: Write | None, progress: _ProgressRows | None
+        self, description: str, write: Write | None, progress: ProgressRows | None
     ) -> None:
         with self._cond:
             if self._closed:
@@ -323,49 +269,18 @@ class HistoryStore:
                 self._cond.notify_all()
 
     def record_query_started(self, event: QueryStarted) -> None:
-        name = _clean_name(event.name)
-        params = (event.query_id, event.run_id, name, event.started_at)
-
-        def write(con: duckdb.DuckDBPyConnection) -> None:
-            con.execute(
-                """
-                INSERT INTO queries (query_id, run_id, query_name, status, started_at)
-                VALUES (?, ?, ?, 'active', ?)
-                ON CONFLICT (query_id, run_id) DO UPDATE SET
-                    query_name = coalesce(excluded.query_name, queries.query_name),
-                    started_at = coalesce(excluded.started_at, queries.started_at)
-                """,
-                params,
-            )
-
-        self.submit(write, description=f"query started {event.query_id}")
-
-    def record_query_terminated(self, event: QueryTerminated) -> None:
-        status = "failed" if event.failed else "terminated"
-        params = (
-            event.query_id,
-            event.run_id,
-            status,
-            event.terminated_at or datetime.now(UTC),
-            event.exception,
-            event.error_class,
+        self.submit(
+            lambda con: write_query_started(con, event),
+            description=f"query started {event.query_id}",
         )
 
-        def write(con: duckdb.DuckDBPyConnection) -> None:
-            con.execute(
-                """
-                INSERT INTO queries (query_id, run_id, status, terminated_at, exception, error_class)
-                VALUES (?, ?, ?, ?, ?, ?)
-                ON CONFLICT (query_id, run_id) DO UPDATE SET
-                    status = excluded.status,
-                    terminated_at = excluded.terminated_at,
-                    exception = excluded.exception,
-                    error_class = excluded.error_class
-                """,
-                params,
-            )
-
-        self.submit(write, description=f"query terminated {event.query_id}")
+    def record_query_terminated(self, event: QueryTerminated) -> None:
+        # the time wmwatch heard of it, for an event that carries none
+        heard_at = datetime.now(UTC)
+        self.submit(
+            lambda con: write_query_terminated(con, event, heard_at),
+            description=f"query terminated {event.query_id}",
+        )
 
     def record_progress(
         self, snapshot: ProgressSnapshot, late_watermark_at: datetime | None = None
@@ -378,7 +293,7 @@ class HistoryStore:
         self._enqueue(
             f"batch {snapshot.batch_id} of {snapshot.query_id}",
             None,
-            _progress_rows(snapshot, late_watermark_at, datetime.now(UTC)),
+            progress_rows(snapshot, late_watermark_at, datetime.now(UTC)),
         )
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -415,7 +330,8 @@ class HistoryStore:
         except FutureTimeoutError:
             future.cancel()
             raise StoreError(
-                f"reading {self.path} took longer than {timeout:g} s: the history file is busy or unavailable"
+                f"reading {self.path} took longer than {timeout:g} s: "
+                "the history file is busy or unavailable"
             ) from None
 
     def close(self, timeout: float = 10.0) -> None:
@@ -454,7 +370,7 @@ class HistoryStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ opening
+    # -- opening --
 
     def _open_initial(self, timeout_seconds: float) -> None:
         path = self.path
@@ -465,32 +381,25 @@ class HistoryStore:
                 f"folder {path.parent} does not exist: create it or pass another db path"
             )
         if not path.exists():
-            _create_database(path)
+            create_database(path)
         wal = Path(f"{path}.wal")
         unclean = wal.exists() and wal.stat().st_size > 0
         deadline = time.monotonic() + timeout_seconds
-        con = _connect(path, read_only=False, deadline=deadline)
-        _private_wal(path)
+        con = connect(path, read_only=False, deadline=deadline)
+        private_wal(path)
         try:
             migrate(con, path)
-            rows = con.execute(
-                """
-                SELECT query_id, arg_max(query_name, batch_id), count(*), max(batch_id)
-                FROM batches GROUP BY query_id ORDER BY query_id
-                """
-            ).fetchall()
+            history = read_history(con)
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreError(_describe_open_error(path, exc)) from None
+            raise StoreError(describe_open_error(path, exc)) from None
         finally:
             con.close()
-            _drop_empty_wal(path)
+            drop_empty_wal(path)
         if not os.access(path.parent, os.W_OK | os.X_OK) or not os.access(path, os.W_OK):
-            raise StoreError(
-                f"cannot write to {path} (read-only or no permission): pass a db path in a writable folder"
-            )
-        self.history_at_open = tuple(QueryHistory(r[0], r[1], int(r[2]), r[3]) for r in rows)
+            raise StoreError(cannot_write(path))
+        self.history_at_open = history
         self.recovered_after_crash = unclean
         if unclean:
             summary = ", ".join(
@@ -509,7 +418,7 @@ class HistoryStore:
         recreated = False
         if not self.path.exists():
             try:
-                _create_database(self.path)
+                create_database(self.path)
             except StoreError as exc:
                 raise _Unavailable(str(exc)) from None
             recreated = self._verified_file is not None
@@ -518,7 +427,7 @@ class HistoryStore:
             con = self._engine.attach(self.path, deadline=deadline)
         except StoreError as exc:
             raise _Unavailable(str(exc)) from None
-        _private_wal(self.path)
+        private_wal(self.path)
         try:
             # The schema check costs a catalog query per flush: only repeat it for a new file.
             stat = os.stat(self.path)
@@ -528,7 +437,7 @@ class HistoryStore:
                     # Not the file written before: it was deleted, and made again above or, when
                     # it vanished between that check and the attach, by DuckDB itself (with the
                     # process umask: make it owner-only again).
-                    os.chmod(self.path, _FILE_MODE)
+                    os.chmod(self.path, FILE_MODE)
                     _log.warning(
                         "history file %s was deleted while wmwatch was running; created a new "
                         "one and writing on (earlier history in it is gone)",
@@ -539,11 +448,11 @@ class HistoryStore:
         except Exception as exc:
             self._engine.detach()
             raise _Unavailable(
-                str(exc) if isinstance(exc, StoreError) else _first_line(exc)
+                str(exc) if isinstance(exc, StoreError) else error_line(exc)
             ) from None
         return con
 
-    # ------------------------------------------------------------------ writer thread
+    # -- writer thread --
 
     def _require_started(self) -> None:
         if self._thread is None:
@@ -600,7 +509,7 @@ class HistoryStore:
                 self._reader_gap_until = time.monotonic() + _READER_GAP_SECONDS
             except Exception as exc:
                 _log.exception("wmwatch history writer failed unexpectedly; it goes on")
-                self._count_error(_first_line(exc))
+                self._count_error(error_line(exc))
             self._pace(time.thread_time() - cpu_before)
             if stopping:
                 self._engine.close()
@@ -647,7 +556,7 @@ class HistoryStore:
                         request.future.set_exception(exc)
         finally:
             self._engine.detach()
-            _drop_empty_wal(self.path)
+            drop_empty_wal(self.path)
 
     def _write_pending(self, con: duckdb.DuckDBPyConnection) -> None:
         # Only what was pending when the cycle began: writes arriving meanwhile wait for the
@@ -712,7 +621,7 @@ class HistoryStore:
                 except Exception as exc:
                     _rollback(con)
                     failed += 1
-                    message = _first_line(exc)
+                    message = error_line(exc)
                     _log.error(
                         "history write %r failed and was skipped: %s", item.description, message
                     )
@@ -744,7 +653,7 @@ class HistoryStore:
                 )
         except duckdb.Error as exc:
             _rollback(con)
-            _log.warning("history retention failed (will retry): %s", _first_line(exc))
+            _log.warning("history retention failed (will retry): %s", error_line(exc))
         self._next_retention_at = time.monotonic() + self.retention_interval_seconds
 
     def _mark_down(self, reason: str) -> None:
@@ -763,7 +672,8 @@ class HistoryStore:
             pending = len(self._pending)
         if was_up:
             _log.warning(
-                "cannot write history to %s (%s); keeping %d writes in memory (up to %d) and retrying",
+                "cannot write history to %s (%s); keeping %d writes in memory (up to %d) and "
+                "retrying",
                 self.path,
                 reason,
                 pending,
@@ -790,378 +700,6 @@ class HistoryStore:
             )
 
 
-# ---------------------------------------------------------------------- one writer per file
-
-
-# Paths of the history files this process writes (see _WriterLock).
-_WRITTEN_HERE: set[str] = set()
-_WRITTEN_HERE_GUARD = threading.Lock()
-
-
-class _WriterLock:
-    """Exclusive right to write one history file, held from open to close.
-
-    Two writers on one file upsert the same batches in turn and fail each other's commits, so the
-    second one is refused at open. Across processes: ``flock`` on ``<db>.lock`` (0600, holding the
-    owner's PID for the message); the kernel drops it when the process dies, so a crash never
-    leaves a file locked. Within this process: a set of held paths, because a filesystem may
-    emulate ``flock`` with per-process locks. The lock file is removed on release, so a closed
-    store leaves only its database behind; whoever locks it checks that the path still names the
-    file it locked, and retries otherwise.
-
-    Where the lock file cannot be created (a read-only or missing folder) the store goes on
-    without the cross-process lock rather than fail on the lock: DuckDB cannot write its log in
-    such a folder either, so opening the database reports the real problem. If the database opens
-    all the same, the in-process check still applies and :attr:`unlocked_reason` says why other
-    processes are not excluded (the store logs it).
-    """
-
-    def __init__(self, db: Path) -> None:
-        self._db = db
-        self._key = os.path.realpath(db)
-        self._lock_path = Path(f"{db}.lock")
-        self._fd: int | None = None
-        self._owns_key = False
-        self.unlocked_reason: str | None = None
-        with _WRITTEN_HERE_GUARD:
-            if self._key in _WRITTEN_HERE:
-                raise StoreError(
-                    f"{db} is already being written by another wmwatch in this process "
-                    f"(PID {os.getpid()}): close that watch or pass another db"
-                )
-            _WRITTEN_HERE.add(self._key)
-            self._owns_key = True
-        try:
-            self._fd = self._lock_file()
-        except BaseException:
-            self.release()
-            raise
-
-    def _lock_file(self) -> int | None:
-        for _ in range(10):
-            try:
-                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
-            except OSError as exc:
-                self.unlocked_reason = f"cannot create {self._lock_path}: {exc.strerror or exc}"
-                return None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _read_pid(fd)
-                os.close(fd)
-                who = f" (PID {holder})" if holder else ""
-                raise StoreError(
-                    f"{self._db} is already being written by another wmwatch{who}: "
-                    "close that watch or pass another db"
-                ) from None
-            except OSError as exc:  # a filesystem without flock (ENOLCK, EINVAL)
-                os.close(fd)
-                self.unlocked_reason = f"cannot lock {self._lock_path}: {exc.strerror or exc}"
-                return None
-            if _same_file(fd, self._lock_path):
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, 0)
-                    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-                return fd
-            os.close(fd)  # its owner removed it between our open and our lock: take the new one
-        self.unlocked_reason = f"{self._lock_path} kept being replaced"
-        return None
-
-    def release(self) -> None:
-        """Give the file up (idempotent); the process exiting does the same."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            # removed while still locked, so nobody can lock this inode and take it for current
-            with contextlib.suppress(OSError):
-                if _same_file(fd, self._lock_path):
-                    self._lock_path.unlink()
-            os.close(fd)
-        if self._owns_key:
-            self._owns_key = False
-            with _WRITTEN_HERE_GUARD:
-                _WRITTEN_HERE.discard(self._key)
-
-    def __del__(self) -> None:
-        # a store dropped without close(): free the file for the next writer in this process
-        with contextlib.suppress(Exception):
-            self.release()
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        opened, named = os.fstat(fd), os.stat(path)
-    except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            return False
-        raise
-    return (opened.st_dev, opened.st_ino) == (named.st_dev, named.st_ino)
-
-
-def _read_pid(fd: int) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        return int(os.pread(fd, 32, 0).decode().strip())
-    return None
-
-
-# ---------------------------------------------------------------------- schema and files
-
-
-def migrate(con: duckdb.DuckDBPyConnection, path: Path | str) -> int:
-    """Bring the database to :data:`LATEST_VERSION`; return the version it was at."""
-    tables = {
-        row[0]
-        for row in con.execute(
-            "SELECT table_name FROM information_schema.tables "
-            "WHERE table_catalog = current_database() AND table_schema = 'main'"
-        ).fetchall()
-    }
-    if "wmwatch_schema" in tables:
-        current = con.execute("SELECT coalesce(max(version), 0) FROM wmwatch_schema").fetchone()
-        version = int(current[0]) if current else 0
-    elif tables:
-        raise StoreError(
-            f"{path} is a DuckDB database of another application, not a wmwatch history: "
-            "pass another --db"
-        )
-    else:
-        version = 0
-    if version > LATEST_VERSION:
-        raise StoreError(
-            f"{path} was written by a newer wmwatch (schema v{version}, this one knows "
-            f"v{LATEST_VERSION}): upgrade wmwatch or pass another --db"
-        )
-    for migration in MIGRATIONS:
-        if migration.version <= version:
-            continue
-        con.execute("BEGIN TRANSACTION")
-        try:
-            con.execute(VERSION_TABLE)
-            for statement in migration.statements:
-                con.execute(statement)
-            con.execute(
-                "INSERT INTO wmwatch_schema (version, description) VALUES (?, ?)",
-                (migration.version, migration.description),
-            )
-            con.execute("COMMIT")
-        except BaseException:
-            _rollback(con)
-            raise
-    return version
-
-
-def apply_retention(con: duckdb.DuckDBPyConnection, *, cutoff_epoch_seconds: float) -> int:
-    """Delete history recorded before the cutoff; returns the number of rows deleted.
-
-    Operators and sources go with their batch; late rows and audit batches by their audit time;
-    resolved findings by their last sighting. Query lifecycle rows are kept (one per run).
-    """
-    cutoff = datetime.fromtimestamp(cutoff_epoch_seconds, UTC)
-    statements = (
-        """DELETE FROM operators o USING batches b
-           WHERE o.query_id = b.query_id AND o.batch_id = b.batch_id AND b.batch_at < ?""",
-        """DELETE FROM sources s USING batches b
-           WHERE s.query_id = b.query_id AND s.batch_id = b.batch_id AND b.batch_at < ?""",
-        "DELETE FROM batches WHERE batch_at < ?",
-        "DELETE FROM late_rows WHERE audited_at < ?",
-        "DELETE FROM audit_batches WHERE audited_at < ?",
-        "DELETE FROM findings WHERE status = 'resolved' AND last_seen_at < ?",
-    )
-    deleted = 0
-    for statement in statements:
-        row = con.execute(statement, (cutoff,)).fetchone()
-        deleted += int(row[0]) if row else 0
-    return deleted
-
-
-@contextlib.contextmanager
-def open_readonly(
-    path: str | os.PathLike[str], timeout: float = 5.0
-) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A read-only connection to a history file that a running job may be writing.
-
-    Retries while the writer holds the lock (it does so only while flushing). Raises
-    :class:`StoreError` when the file is missing, not a wmwatch database, or newer than this
-    wmwatch. The connection's time zone is UTC.
-    """
-    db = Path(path).expanduser().absolute()
-    if not db.exists():
-        raise StoreError(
-            f"no wmwatch history at {db}: attach wmwatch to a job (wmwatch.attach(spark, db=...)) "
-            "or pass the right --db"
-        )
-    if db.is_dir():
-        raise StoreError(f"{db} is a folder, not a wmwatch history file: pass the file with --db")
-    con = _connect(db, read_only=True, deadline=time.monotonic() + timeout)
-    try:
-        try:
-            tables = {
-                row[0]
-                for row in con.execute(
-                    "SELECT table_name FROM information_schema.tables "
-                    "WHERE table_catalog = current_database() AND table_schema = 'main'"
-                ).fetchall()
-            }
-            if "wmwatch_schema" not in tables:
-                raise StoreError(
-                    f"{db} is not a wmwatch history database: move it aside or pass another --db"
-                )
-            row = con.execute("SELECT coalesce(max(version), 0) FROM wmwatch_schema").fetchone()
-        except StoreError:
-            raise
-        except Exception as exc:
-            raise StoreError(_describe_open_error(db, exc)) from None
-        version = int(row[0]) if row else 0
-        if version > LATEST_VERSION:
-            raise StoreError(
-                f"{db} was written by a newer wmwatch (schema v{version}, this one knows "
-                f"v{LATEST_VERSION}): upgrade wmwatch to read it"
-            )
-        con.execute("SET TimeZone = 'UTC'")
-        yield con
-    finally:
-        con.close()
-
-
-def _until_unlocked(path: Path, deadline: float, open_once: Callable[[], T]) -> T:
-    """``open_once()``, tried again while another connection holds ``path``'s lock, until
-    ``deadline``; any other failure, or the deadline, is a one-line :class:`StoreError`."""
-    import duckdb
-
-    while True:
-        try:
-            return open_once()
-        except (duckdb.Error, OSError) as exc:
-            if _is_lock_conflict(exc) and time.monotonic() < deadline:
-                time.sleep(_LOCK_POLL_SECONDS)
-                continue
-            raise StoreError(_describe_open_error(path, exc)) from None
-
-
-def _connect(path: Path, *, read_only: bool, deadline: float) -> duckdb.DuckDBPyConnection:
-    """Open ``path``, retrying lock conflicts until ``deadline``; StoreError otherwise."""
-    import duckdb
-
-    con = _until_unlocked(path, deadline, lambda: duckdb.connect(str(path), read_only=read_only))
-    if not read_only:
-        con.execute("SET TimeZone = 'UTC'")
-    return con
-
-
-def _private_wal(path: Path) -> None:
-    """Create the write-ahead log, empty and 0600, before this connection's first write.
-
-    DuckDB creates ``<db>.wal`` with the process umask (0644 with the usual 022) and it holds the
-    rows of every flush until the connection closes; DuckDB keeps the mode of a file it finds.
-    Call right after connecting: an empty log present at open is deleted and recreated.
-    """
-    with contextlib.suppress(OSError):
-        fd = os.open(f"{path}.wal", os.O_CREAT | os.O_WRONLY, _FILE_MODE)
-        try:
-            os.fchmod(fd, _FILE_MODE)
-        finally:
-            os.close(fd)
-
-
-def _drop_empty_wal(path: Path) -> None:
-    """Remove the log :func:`_private_wal` made when the connection closed without writing."""
-    wal = Path(f"{path}.wal")
-    with contextlib.suppress(OSError):
-        if wal.stat().st_size == 0:
-            wal.unlink()
-
-
-def _create_database(path: Path) -> None:
-    """Create a migrated database at ``path``, readable by its owner only.
-
-    DuckDB creates files with the process umask, so the file is built in a private (0700)
-    folder next to the target, made 0600, and linked into place: it is never visible with
-    wider permissions, and a file created meanwhile by someone else is not overwritten.
-    """
-    import duckdb
-
-    try:
-        workdir = Path(tempfile.mkdtemp(prefix=".wmwatch-new-", dir=path.parent))
-    except FileNotFoundError:
-        raise StoreError(
-            f"folder {path.parent} does not exist: create it or pass another db path"
-        ) from None
-    except OSError as exc:
-        raise StoreError(
-            f"cannot create {path} (read-only or no permission: {exc.strerror or exc}): "
-            "pass a db path in a writable folder"
-        ) from None
-    try:
-        fresh = workdir / "history.duckdb"
-        try:
-            con = duckdb.connect(str(fresh))
-            try:
-                migrate(con, path)
-            finally:
-                con.close()
-            os.chmod(fresh, _FILE_MODE)
-            try:
-                os.link(fresh, path)
-            except FileExistsError:
-                pass
-            except OSError:
-                if not path.exists():
-                    os.replace(fresh, path)
-        except (duckdb.Error, OSError) as exc:
-            raise StoreError(f"cannot create {path}: {_first_line(exc)}") from None
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-_LOCK_PATTERNS = (
-    "could not set lock",
-    "conflicting lock",
-    "different configuration",
-    # the same file opened again inside this process (a reader while the writer flushes)
-    "unique file handle conflict",
-    "already attached",
-)
-
-
-def _is_lock_conflict(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return any(pattern in text for pattern in _LOCK_PATTERNS)
-
-
-def _describe_open_error(path: Path, exc: BaseException) -> str:
-    text = str(exc)
-    lower = text.lower()
-    if "not a valid duckdb database" in lower or "corrupt" in lower or "checksum" in lower:
-        return f"{path} is not a wmwatch/DuckDB database or is damaged: move it aside or pass another --db"
-    if _is_lock_conflict(exc):
-        holder = re.search(r"held in (.+?) \(PID (\d+)\)", text)
-        who = f" (PID {holder.group(2)}, {holder.group(1)})" if holder else ""
-        return f"{path} is locked by another process{who}: stop it, or pass another db path"
-    if (
-        "permission denied" in lower
-        or "read-only" in lower
-        or "read only" in lower
-        # EPERM: an immutable file (chattr +i), which even root cannot write
-        or "operation not permitted" in lower
-    ):
-        return f"cannot write to {path} (read-only or no permission): pass a db path in a writable folder"
-    if "is a directory" in lower:
-        return f"{path} is a folder, not a file: move it aside or pass another db path"
-    if "no such file or directory" in lower:
-        return f"{path} or its folder does not exist: create the folder or pass another db path"
-    if "newer version" in lower or "storage version" in lower or "older version" in lower:
-        return (
-            f"{path} was written by another DuckDB version ({_first_line(exc)}): pass another --db"
-        )
-    if "no space left" in lower or "disk full" in lower:
-        return f"no space left on the device of {path}: free some space"
-    return f"cannot open {path}: {_first_line(exc)}"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return redact(text[0] if text else exc.__class__.__name__)[:500]
-
-
 def _rollback(con: duckdb.DuckDBPyConnection) -> None:
     with contextlib.suppress(Exception):
         con.execute("ROLLBACK")
@@ -1173,7 +711,7 @@ def _begin(con: duckdb.DuckDBPyConnection) -> None:
     try:
         con.execute("BEGIN TRANSACTION")
     except (duckdb.Error, OSError) as exc:
-        raise _Unavailable(_first_line(exc)) from None
+        raise _Unavailable(error_line(exc)) from None
 
 
 def _commit(con: duckdb.DuckDBPyConnection) -> None:
@@ -1183,7 +721,7 @@ def _commit(con: duckdb.DuckDBPyConnection) -> None:
         con.execute("COMMIT")
     except (duckdb.Error, OSError) as exc:
         _rollback(con)
-        raise _Unavailable(_first_line(exc)) from None
+        raise _Unavailable(error_line(exc)) from None
 
 
 def _run_writes(con: duckdb.DuckDBPyConnection, items: list[_Pending]) -> None:
@@ -1200,271 +738,11 @@ def _run_writes(con: duckdb.DuckDBPyConnection, items: list[_Pending]) -> None:
     try:
         run = [item.progress for item in items if item.progress is not None]
         if run:
-            _write_progress_rows(con, run)
+            write_progress_rows(con, run)
         for item in items:
             if item.progress is None and item.write is not None:
                 item.write(con)
     except (duckdb.IOException, OSError) as exc:
-        raise _Unavailable(_first_line(exc)) from None
+        raise _Unavailable(error_line(exc)) from None
 
 
-def _clean_name(name: str | None) -> str | None:
-    return _utf8(redact(name)[:200]) if name else None
-
-
-# A \uD800-\uDFFF escape that is not half of a pair: Python's json accepts it, DuckDB's JSON
-# type refuses the whole document (and the batch row with it).
-_LONE_SURROGATE_ESCAPE = re.compile(
-    r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
-    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
-)
-
-
-def _utf8_json(text: str) -> str:
-    text = _utf8(text)
-    if "\\u" in text:
-        text = _LONE_SURROGATE_ESCAPE.sub("\\\\ufffd", text)
-    return text
-
-
-@dataclass(frozen=True, slots=True)
-class _ProgressRows:
-    """One progress snapshot as rows, built on the caller's thread and written in bulk."""
-
-    batch: tuple[Any, ...]
-    operators: tuple[tuple[Any, ...], ...]
-    sources: tuple[tuple[Any, ...], ...]
-
-
-# (column, DuckDB type) of the staged batch rows, in the order _progress_rows builds them.
-_STAGE_BATCH = (
-    ("query_id", "VARCHAR"),
-    ("batch_id", "BIGINT"),
-    ("run_id", "VARCHAR"),
-    ("query_name", "VARCHAR"),
-    ("batch_at", "TIMESTAMPTZ"),
-    ("watermark_at", "TIMESTAMPTZ"),
-    ("late_watermark_at", "TIMESTAMPTZ"),
-    ("event_time_max_at", "TIMESTAMPTZ"),
-    ("event_time_min_at", "TIMESTAMPTZ"),
-    ("event_time_avg_at", "TIMESTAMPTZ"),
-    ("watermark_lag_seconds", "DOUBLE"),
-    ("event_time_delay_seconds", "DOUBLE"),
-    ("input_rows", "BIGINT"),
-    ("input_rows_per_second", "DOUBLE"),
-    ("processed_rows_per_second", "DOUBLE"),
-    ("batch_duration_seconds", "DOUBLE"),
-    ("durations_seconds", "VARCHAR"),
-    ("rows_dropped_by_watermark", "BIGINT"),
-    ("state_rows_total", "BIGINT"),
-    ("state_memory_bytes", "BIGINT"),
-    ("sink_output_rows", "BIGINT"),
-    ("progress_json", "VARCHAR"),
-    ("recorded_at", "TIMESTAMPTZ"),
-    ("operator_count", "INTEGER"),
-    ("source_count", "INTEGER"),
-    ("seq", "BIGINT"),
-)
-_STAGE_OPERATOR = (
-    ("query_id", "VARCHAR"),
-    ("batch_id", "BIGINT"),
-    ("operator_id", "INTEGER"),
-    ("operator_name", "VARCHAR"),
-    ("rows_total", "BIGINT"),
-    ("rows_updated", "BIGINT"),
-    ("rows_removed", "BIGINT"),
-    ("rows_dropped_by_watermark", "BIGINT"),
-    ("memory_used_bytes", "BIGINT"),
-    ("shuffle_partitions", "INTEGER"),
-    ("state_store_instances", "INTEGER"),
-    ("custom_metrics", "VARCHAR"),
-    ("seq", "BIGINT"),
-)
-_STAGE_SOURCE = (
-    ("query_id", "VARCHAR"),
-    ("batch_id", "BIGINT"),
-    ("source_index", "INTEGER"),
-    ("description", "VARCHAR"),
-    ("start_offset", "VARCHAR"),
-    ("end_offset", "VARCHAR"),
-    ("input_rows", "BIGINT"),
-    ("input_rows_per_second", "DOUBLE"),
-    ("processed_rows_per_second", "DOUBLE"),
-    ("seq", "BIGINT"),
-)
-
-_JSON_COLUMNS = {"durations_seconds", "progress_json", "custom_metrics"}
-
-
-def _stage(
-    con: duckdb.DuckDBPyConnection,
-    table: str,
-    columns: tuple[tuple[str, str], ...],
-    rows: list[tuple[Any, ...]],
-) -> None:
-    # One statement that unnests column lists: ~20x faster than executemany for a flush.
-    select = ", ".join(
-        f"unnest(${i + 1}::{kind}[]) AS {name}" for i, (name, kind) in enumerate(columns)
-    )
-    values = [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in columns]
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {select}", values)
-
-
-def _write_progress_rows(con: duckdb.DuckDBPyConnection, items: list[_ProgressRows]) -> None:
-    """Upsert many snapshots at once; a batch retried within the flush keeps its last version."""
-    _stage(con, "wmwatch_stage_all", _STAGE_BATCH, [item.batch for item in items])
-    con.execute(
-        """
-        CREATE OR REPLACE TEMP TABLE wmwatch_stage_batches AS
-        SELECT * FROM wmwatch_stage_all
-        QUALIFY row_number() OVER (PARTITION BY query_id, batch_id ORDER BY seq DESC) = 1
-        """
-    )
-    batch_columns = [name for name, _ in _STAGE_BATCH[:23]]
-    select = ", ".join(
-        "coalesce(s.late_watermark_at, ps.watermark_at, pb.watermark_at)"
-        if name == "late_watermark_at"
-        else f"s.{name}::JSON"
-        if name in _JSON_COLUMNS
-        else f"s.{name}"
-        for name in batch_columns
-    )
-    # The previous batch's watermark is the one Spark's late-row filter used for this batch;
-    # it may be in this flush (ps) or already in the file (pb).
-    con.execute(
-        f"""
-        INSERT OR REPLACE INTO batches ({", ".join(batch_columns)})
-        SELECT {select}
-        FROM wmwatch_stage_batches s
-        LEFT JOIN wmwatch_stage_batches ps
-               ON ps.query_id = s.query_id AND ps.batch_id = s.batch_id - 1
-        LEFT JOIN (SELECT query_id, batch_id, watermark_at FROM batches
-                   WHERE batch_id >= (SELECT min(batch_id) - 1 FROM wmwatch_stage_batches)) pb
-               ON pb.query_id = s.query_id AND pb.batch_id = s.batch_id - 1
-        """
-    )
-    operators = [row for item in items for row in item.operators]
-    if operators:
-        _stage(con, "wmwatch_stage_operators", _STAGE_OPERATOR, operators)
-        names = [name for name, _ in _STAGE_OPERATOR[:-1]]
-        con.execute(
-            f"""
-            INSERT OR REPLACE INTO operators ({", ".join(names)})
-            SELECT {", ".join(f"o.{n}::JSON" if n in _JSON_COLUMNS else f"o.{n}" for n in names)}
-            FROM wmwatch_stage_operators o
-            JOIN wmwatch_stage_batches s USING (query_id, batch_id, seq)
-            """
-        )
-    sources = [row for item in items for row in item.sources]
-    if sources:
-        _stage(con, "wmwatch_stage_sources", _STAGE_SOURCE, sources)
-        names = [name for name, _ in _STAGE_SOURCE[:-1]]
-        con.execute(
-            f"""
-            INSERT OR REPLACE INTO sources ({", ".join(names)})
-            SELECT {", ".join(f"o.{n}" for n in names)}
-            FROM wmwatch_stage_sources o
-            JOIN wmwatch_stage_batches s USING (query_id, batch_id, seq)
-            """
-        )
-    # A retried batch that reports fewer operators or sources than its first attempt.
-    con.execute(
-        """
-        DELETE FROM operators o USING wmwatch_stage_batches s
-        WHERE o.query_id = s.query_id AND o.batch_id = s.batch_id
-          AND o.operator_id >= s.operator_count
-        """
-    )
-    con.execute(
-        """
-        DELETE FROM sources o USING wmwatch_stage_batches s
-        WHERE o.query_id = s.query_id AND o.batch_id = s.batch_id
-          AND o.source_index >= s.source_count
-        """
-    )
-    con.execute(
-        """
-        INSERT INTO queries (query_id, run_id, query_name, status, last_batch_id, last_progress_at)
-        SELECT query_id, run_id, arg_max(query_name, seq), 'active', max(batch_id),
-               max(coalesce(batch_at, recorded_at))
-        FROM wmwatch_stage_all GROUP BY query_id, run_id
-        ON CONFLICT (query_id, run_id) DO UPDATE SET
-            query_name = coalesce(excluded.query_name, queries.query_name),
-            last_batch_id = greatest(coalesce(queries.last_batch_id, -1), excluded.last_batch_id),
-            last_progress_at = greatest(queries.last_progress_at, excluded.last_progress_at)
-        """
-    )
-
-
-_seq_for_rows = itertools.count(1)
-
-
-def _progress_rows(
-    snapshot: ProgressSnapshot, late_watermark_at: datetime | None, recorded_at: datetime
-) -> _ProgressRows:
-    """The rows of one snapshot, built on the caller's thread (the writer only stages them)."""
-    has_operators = bool(snapshot.operators)
-    # Orders versions of the same batch within a flush: the last recorded wins.
-    seq = next(_seq_for_rows)
-    batch = (
-        snapshot.query_id,
-        snapshot.batch_id,
-        snapshot.run_id,
-        _clean_name(snapshot.name),
-        snapshot.timestamp_at,
-        snapshot.watermark_at,
-        late_watermark_at,
-        snapshot.event_time_max_at,
-        snapshot.event_time_min_at,
-        snapshot.event_time_avg_at,
-        snapshot.watermark_lag_seconds,
-        snapshot.event_time_delay_seconds,
-        snapshot.input_rows,
-        snapshot.input_rows_per_second,
-        snapshot.processed_rows_per_second,
-        snapshot.batch_duration_seconds,
-        json.dumps(dict(snapshot.durations_seconds), sort_keys=True),
-        snapshot.rows_dropped_by_watermark if has_operators else None,
-        snapshot.state_rows_total if has_operators else None,
-        snapshot.state_memory_bytes if has_operators else None,
-        snapshot.sink_output_rows,
-        _utf8_json(snapshot.raw_json),
-        recorded_at,
-        len(snapshot.operators),
-        len(snapshot.sources),
-        seq,
-    )
-    operators = tuple(
-        (
-            snapshot.query_id,
-            snapshot.batch_id,
-            op.operator_id,
-            _utf8(op.name),
-            op.rows_total,
-            op.rows_updated,
-            op.rows_removed,
-            op.rows_dropped_by_watermark,
-            op.memory_used_bytes,
-            op.shuffle_partitions,
-            op.state_store_instances,
-            json.dumps(dict(op.custom_metrics), sort_keys=True),
-            seq,
-        )
-        for op in snapshot.operators
-    )
-    sources = tuple(
-        (
-            snapshot.query_id,
-            snapshot.batch_id,
-            src.index,
-            _utf8(src.description),
-            src.start_offset,
-            src.end_offset,
-            src.input_rows,
-            src.input_rows_per_second,
-            src.processed_rows_per_second,
-            seq,
-        )
-        for src in snapshot.sources
-    )
-    return _ProgressRows(batch, operators, sources)

@@ -1,0 +1,383 @@
+"""The core tables' rows: queries, batches, operators and sources.
+
+A progress snapshot becomes one :class:`BatchRow` with its :class:`OperatorRow` and
+:class:`SourceRow` rows, built on the caller's thread; the writer thread stages many of them at
+once and upserts them in a few statements. Snapshots and events arrive clean (redacted, valid
+UTF-8, bounded), so their text is written as it is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from wmwatch._events import QueryStarted, QueryTerminated
+from wmwatch._progress import ProgressSnapshot
+
+if TYPE_CHECKING:
+    import duckdb
+
+
+@dataclass(frozen=True, slots=True)
+class QueryHistory:
+    """What the file held for one query when the store opened it."""
+
+    query_id: str
+    query_name: str | None
+    batches: int
+    last_batch_id: int | None
+
+
+def read_history(con: duckdb.DuckDBPyConnection) -> tuple[QueryHistory, ...]:
+    """Each query's batches in the file, by query id."""
+    rows = con.execute(
+        """
+        SELECT query_id, arg_max(query_name, batch_id), count(*), max(batch_id)
+        FROM batches GROUP BY query_id ORDER BY query_id
+        """
+    ).fetchall()
+    return tuple(
+        QueryHistory(query_id, query_name, int(batches), last_batch_id)
+        for query_id, query_name, batches, last_batch_id in rows
+    )
+
+
+# -- query lifecycle --
+
+
+def write_query_started(con: duckdb.DuckDBPyConnection, event: QueryStarted) -> None:
+    con.execute(
+        """
+        INSERT INTO queries (query_id, run_id, query_name, status, started_at)
+        VALUES (?, ?, ?, 'active', ?)
+        ON CONFLICT (query_id, run_id) DO UPDATE SET
+            query_name = coalesce(excluded.query_name, queries.query_name),
+            started_at = coalesce(excluded.started_at, queries.started_at)
+        """,
+        (event.query_id, event.run_id, event.name, event.started_at),
+    )
+
+
+def write_query_terminated(
+    con: duckdb.DuckDBPyConnection, event: QueryTerminated, terminated_at: datetime
+) -> None:
+    """Record how the run ended; ``terminated_at`` stands in when the event has no time."""
+    con.execute(
+        """
+        INSERT INTO queries (query_id, run_id, status, terminated_at, exception, error_class)
+        VALUES (?, ?, ?, ?, ?, ?)
+        ON CONFLICT (query_id, run_id) DO UPDATE SET
+            status = excluded.status,
+            terminated_at = excluded.terminated_at,
+            exception = excluded.exception,
+            error_class = excluded.error_class
+        """,
+        (
+            event.query_id,
+            event.run_id,
+            "failed" if event.failed else "terminated",
+            event.terminated_at or terminated_at,
+            event.exception,
+            event.error_class,
+        ),
+    )
+
+
+# -- progress --
+
+
+class BatchRow(NamedTuple):
+    query_id: str
+    batch_id: int
+    run_id: str
+    query_name: str | None
+    batch_at: datetime | None
+    watermark_at: datetime | None
+    late_watermark_at: datetime | None
+    event_time_max_at: datetime | None
+    event_time_min_at: datetime | None
+    event_time_avg_at: datetime | None
+    watermark_lag_seconds: float | None
+    event_time_delay_seconds: float | None
+    input_rows: int | None
+    input_rows_per_second: float | None
+    processed_rows_per_second: float | None
+    batch_duration_seconds: float | None
+    durations_seconds: str
+    rows_dropped_by_watermark: int | None
+    state_rows_total: int | None
+    state_memory_bytes: int | None
+    sink_output_rows: int | None
+    progress_json: str
+    recorded_at: datetime
+    operator_count: int
+    source_count: int
+    seq: int
+
+
+class OperatorRow(NamedTuple):
+    query_id: str
+    batch_id: int
+    operator_id: int
+    operator_name: str
+    rows_total: int | None
+    rows_updated: int | None
+    rows_removed: int | None
+    rows_dropped_by_watermark: int | None
+    memory_used_bytes: int | None
+    shuffle_partitions: int | None
+    state_store_instances: int | None
+    custom_metrics: str
+    seq: int
+
+
+class SourceRow(NamedTuple):
+    query_id: str
+    batch_id: int
+    source_index: int
+    description: str
+    start_offset: str | None
+    end_offset: str | None
+    input_rows: int | None
+    input_rows_per_second: float | None
+    processed_rows_per_second: float | None
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressRows:
+    """One progress snapshot as rows, built on the caller's thread and written in bulk."""
+
+    batch: BatchRow
+    operators: tuple[OperatorRow, ...]
+    sources: tuple[SourceRow, ...]
+
+
+# Columns that exist only in the staged rows: how many operators and sources the batch
+# reported (to delete those a retried batch no longer has), and the order of versions of one
+# batch within a flush (the last recorded wins).
+_STAGING_ONLY = frozenset({"operator_count", "source_count", "seq"})
+_JSON_COLUMNS = frozenset({"durations_seconds", "progress_json", "custom_metrics"})
+# The DuckDB type of each staged column (a name means the same in every table).
+_COLUMN_TYPES = {
+    "query_id": "VARCHAR",
+    "batch_id": "BIGINT",
+    "run_id": "VARCHAR",
+    "query_name": "VARCHAR",
+    "batch_at": "TIMESTAMPTZ",
+    "watermark_at": "TIMESTAMPTZ",
+    "late_watermark_at": "TIMESTAMPTZ",
+    "event_time_max_at": "TIMESTAMPTZ",
+    "event_time_min_at": "TIMESTAMPTZ",
+    "event_time_avg_at": "TIMESTAMPTZ",
+    "watermark_lag_seconds": "DOUBLE",
+    "event_time_delay_seconds": "DOUBLE",
+    "input_rows": "BIGINT",
+    "input_rows_per_second": "DOUBLE",
+    "processed_rows_per_second": "DOUBLE",
+    "batch_duration_seconds": "DOUBLE",
+    "durations_seconds": "VARCHAR",
+    "rows_dropped_by_watermark": "BIGINT",
+    "state_rows_total": "BIGINT",
+    "state_memory_bytes": "BIGINT",
+    "sink_output_rows": "BIGINT",
+    "progress_json": "VARCHAR",
+    "recorded_at": "TIMESTAMPTZ",
+    "operator_count": "INTEGER",
+    "source_count": "INTEGER",
+    "seq": "BIGINT",
+    "operator_id": "INTEGER",
+    "operator_name": "VARCHAR",
+    "rows_total": "BIGINT",
+    "rows_updated": "BIGINT",
+    "rows_removed": "BIGINT",
+    "memory_used_bytes": "BIGINT",
+    "shuffle_partitions": "INTEGER",
+    "state_store_instances": "INTEGER",
+    "custom_metrics": "VARCHAR",
+    "source_index": "INTEGER",
+    "description": "VARCHAR",
+    "start_offset": "VARCHAR",
+    "end_offset": "VARCHAR",
+}
+
+_seq_for_rows = itertools.count(1)
+
+
+def progress_rows(
+    snapshot: ProgressSnapshot, late_watermark_at: datetime | None, recorded_at: datetime
+) -> ProgressRows:
+    """The rows of one snapshot, built on the caller's thread (the writer only stages them)."""
+    has_operators = bool(snapshot.operators)
+    seq = next(_seq_for_rows)
+    batch = BatchRow(
+        query_id=snapshot.query_id,
+        batch_id=snapshot.batch_id,
+        run_id=snapshot.run_id,
+        query_name=snapshot.name,
+        batch_at=snapshot.timestamp_at,
+        watermark_at=snapshot.watermark_at,
+        late_watermark_at=late_watermark_at,
+        event_time_max_at=snapshot.event_time_max_at,
+        event_time_min_at=snapshot.event_time_min_at,
+        event_time_avg_at=snapshot.event_time_avg_at,
+        watermark_lag_seconds=snapshot.watermark_lag_seconds,
+        event_time_delay_seconds=snapshot.event_time_delay_seconds,
+        input_rows=snapshot.input_rows,
+        input_rows_per_second=snapshot.input_rows_per_second,
+        processed_rows_per_second=snapshot.processed_rows_per_second,
+        batch_duration_seconds=snapshot.batch_duration_seconds,
+        durations_seconds=json.dumps(dict(snapshot.durations_seconds), sort_keys=True),
+        rows_dropped_by_watermark=snapshot.rows_dropped_by_watermark if has_operators else None,
+        state_rows_total=snapshot.state_rows_total if has_operators else None,
+        state_memory_bytes=snapshot.state_memory_bytes if has_operators else None,
+        sink_output_rows=snapshot.sink_output_rows,
+        progress_json=snapshot.raw_json,
+        recorded_at=recorded_at,
+        operator_count=len(snapshot.operators),
+        source_count=len(snapshot.sources),
+        seq=seq,
+    )
+    operators = tuple(
+        OperatorRow(
+            query_id=snapshot.query_id,
+            batch_id=snapshot.batch_id,
+            operator_id=op.operator_id,
+            operator_name=op.name,
+            rows_total=op.rows_total,
+            rows_updated=op.rows_updated,
+            rows_removed=op.rows_removed,
+            rows_dropped_by_watermark=op.rows_dropped_by_watermark,
+            memory_used_bytes=op.memory_used_bytes,
+            shuffle_partitions=op.shuffle_partitions,
+            state_store_instances=op.state_store_instances,
+            custom_metrics=json.dumps(dict(op.custom_metrics), sort_keys=True),
+            seq=seq,
+        )
+        for op in snapshot.operators
+    )
+    sources = tuple(
+        SourceRow(
+            query_id=snapshot.query_id,
+            batch_id=snapshot.batch_id,
+            source_index=src.index,
+            description=src.description,
+            start_offset=src.start_offset,
+            end_offset=src.end_offset,
+            input_rows=src.input_rows,
+            input_rows_per_second=src.input_rows_per_second,
+            processed_rows_per_second=src.processed_rows_per_second,
+            seq=seq,
+        )
+        for src in snapshot.sources
+    )
+    return ProgressRows(batch, operators, sources)
+
+
+def _stage(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    columns: tuple[str, ...],
+    rows: list[tuple[Any, ...]],
+) -> None:
+    # One statement that unnests column lists: ~20x faster than executemany for a flush.
+    select = ", ".join(
+        f"unnest(${i + 1}::{_COLUMN_TYPES[name]}[]) AS {name}" for i, name in enumerate(columns)
+    )
+    values = [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in columns]
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {select}", values)
+
+
+def _stored(columns: tuple[str, ...]) -> list[str]:
+    return [name for name in columns if name not in _STAGING_ONLY]
+
+
+def _selected(alias: str, name: str) -> str:
+    return f"{alias}.{name}::JSON" if name in _JSON_COLUMNS else f"{alias}.{name}"
+
+
+def write_progress_rows(con: duckdb.DuckDBPyConnection, items: list[ProgressRows]) -> None:
+    """Upsert many snapshots at once; a batch retried within the flush keeps its last version."""
+    _stage(con, "wmwatch_stage_all", BatchRow._fields, [item.batch for item in items])
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE wmwatch_stage_batches AS
+        SELECT * FROM wmwatch_stage_all
+        QUALIFY row_number() OVER (PARTITION BY query_id, batch_id ORDER BY seq DESC) = 1
+        """
+    )
+    batch_columns = _stored(BatchRow._fields)
+    select = ", ".join(
+        "coalesce(s.late_watermark_at, ps.watermark_at, pb.watermark_at)"
+        if name == "late_watermark_at"
+        else _selected("s", name)
+        for name in batch_columns
+    )
+    # The previous batch's watermark is the one Spark's late-row filter used for this batch;
+    # it may be in this flush (ps) or already in the file (pb).
+    con.execute(
+        f"""
+        INSERT OR REPLACE INTO batches ({", ".join(batch_columns)})
+        SELECT {select}
+        FROM wmwatch_stage_batches s
+        LEFT JOIN wmwatch_stage_batches ps
+               ON ps.query_id = s.query_id AND ps.batch_id = s.batch_id - 1
+        LEFT JOIN (SELECT query_id, batch_id, watermark_at FROM batches
+                   WHERE batch_id >= (SELECT min(batch_id) - 1 FROM wmwatch_stage_batches)) pb
+               ON pb.query_id = s.query_id AND pb.batch_id = s.batch_id - 1
+        """
+    )
+    operators = [row for item in items for row in item.operators]
+    if operators:
+        _stage(con, "wmwatch_stage_operators", OperatorRow._fields, list(operators))
+        names = _stored(OperatorRow._fields)
+        con.execute(
+            f"""
+            INSERT OR REPLACE INTO operators ({", ".join(names)})
+            SELECT {", ".join(_selected("o", n) for n in names)}
+            FROM wmwatch_stage_operators o
+            JOIN wmwatch_stage_batches s USING (query_id, batch_id, seq)
+            """
+        )
+    sources = [row for item in items for row in item.sources]
+    if sources:
+        _stage(con, "wmwatch_stage_sources", SourceRow._fields, list(sources))
+        names = _stored(SourceRow._fields)
+        con.execute(
+            f"""
+            INSERT OR REPLACE INTO sources ({", ".join(names)})
+            SELECT {", ".join(_selected("o", n) for n in names)}
+            FROM wmwatch_stage_sources o
+            JOIN wmwatch_stage_batches s USING (query_id, batch_id, seq)
+            """
+        )
+    # A retried batch that reports fewer operators or sources than its first attempt.
+    con.execute(
+        """
+        DELETE FROM operators o USING wmwatch_stage_batches s
+        WHERE o.query_id = s.query_id AND o.batch_id = s.batch_id
+          AND o.operator_id >= s.operator_count
+        """
+    )
+    con.execute(
+        """
+        DELETE FROM sources o USING wmwatch_stage_batches s
+        WHERE o.query_id = s.query_id AND o.batch_id = s.batch_id
+          AND o.source_index >= s.source_count
+        """
+    )
+    con.execute(
+        """
+        INSERT INTO queries (query_id, run_id, query_name, status, last_batch_id, last_progress_at)
+        SELECT query_id, run_id, arg_max(query_name, seq), 'active', max(batch_id),
+               max(coalesce(batch_at, recorded_at))
+        FROM wmwatch_stage_all GROUP BY query_id, run_id
+        ON CONFLICT (query_id, run_id) DO UPDATE SET
+            query_name = coalesce(excluded.query_name, queries.query_name),
+            last_batch_id = greatest(coalesce(queries.last_batch_id, -1), excluded.last_batch_id),
+            last_progress_at = greatest(queries.last_progress_at, excluded.last_progress_at)
+        """
+    )
