@@ -148,7 +148,8 @@ class Received:
 @dataclass
 class Recorder:
     """Records every request and answers 200; after ``hold()`` it answers nothing until
-    ``release()``, like a gateway that hangs (requests that arrive are still listed in ``arrived``)."""
+    ``release()``, like a gateway that hangs (requests that arrive are still listed in
+    ``arrived``)."""
 
     url: str
     requests: list[Received] = field(default_factory=list)

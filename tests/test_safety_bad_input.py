@@ -227,7 +227,10 @@ def test_hostile_progress_never_escapes_the_listener_and_metrics_always_parse(
     assert watch._worker.is_alive()
     errors = watch.health.copy()["errors"]
     assert isinstance(errors, dict)
-    assert not [stage for stage in errors if not stage.startswith(("parse:", "receive:"))], errors
+    # two hostile queries may share a label (one's name is the other's id): the collector keeps
+    # one series of each and counts the rest as "collect:duplicate", which is not a failure
+    expected = ("parse:", "receive:", "collect:duplicate")
+    assert not [stage for stage in errors if not stage.startswith(expected)], errors
 
     assert watch.metrics_url is not None
     samples = _parse_exposition(_scrape_text(watch.metrics_url))

@@ -72,7 +72,10 @@ def test_sigkill_mid_write_loses_and_duplicates_no_committed_batch_or_audit_row(
     wal = Path(f"{db}.wal")
     child = subprocess.Popen(
         [sys.executable, str(SCRIPTS / "kill_watch_writer.py"), str(db)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
     )
     assert child.stdout is not None
     committed = -1
@@ -80,7 +83,9 @@ def test_sigkill_mid_write_loses_and_duplicates_no_committed_batch_or_audit_row(
         for _ in range(3):  # three durable flushes, then kill while a write is in flight
             line = child.stdout.readline()
             died = child.poll() is not None and child.stderr is not None
-            assert line.strip().isdigit(), line + (child.stderr.read() if died and child.stderr else "")
+            assert line.strip().isdigit(), line + (
+                child.stderr.read() if died and child.stderr else ""
+            )
             committed = int(line)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not (wal.exists() and wal.stat().st_size > 0):
@@ -102,19 +107,31 @@ def test_sigkill_mid_write_loses_and_duplicates_no_committed_batch_or_audit_row(
     assert any("not closed cleanly" in m and "replayed" in m for m in messages)
 
     for query_id in ("kill_a", "kill_b"):
-        (count, distinct, low, high), = _rows(
-            db, "SELECT count(*), count(DISTINCT batch_id), min(batch_id), max(batch_id) FROM batches "
-            "WHERE query_id = ?", [query_id])
-        assert count == distinct == high + 1 and low == 0, "a committed prefix, no gap, no duplicate"
+        ((count, distinct, low, high),) = _rows(
+            db,
+            "SELECT count(*), count(DISTINCT batch_id), min(batch_id), max(batch_id) FROM batches "
+            "WHERE query_id = ?",
+            [query_id],
+        )
+        assert count == distinct == high + 1 and low == 0, (
+            "a committed prefix, no gap, no duplicate"
+        )
         assert high >= committed
         assert f"{query_id}: {count} batches (last #{high})" in recovered[0]
-        assert _rows(db, "SELECT count(*) FROM operators WHERE query_id = ?", [query_id]) == [(count,)]
-        (audits, audit_distinct, audit_high), = _rows(
-            db, "SELECT count(*), count(DISTINCT batch_id), max(batch_id) FROM audit_batches "
-            "WHERE query_id = ?", [query_id])
+        assert _rows(db, "SELECT count(*) FROM operators WHERE query_id = ?", [query_id]) == [
+            (count,)
+        ]
+        ((audits, audit_distinct, audit_high),) = _rows(
+            db,
+            "SELECT count(*), count(DISTINCT batch_id), max(batch_id) FROM audit_batches "
+            "WHERE query_id = ?",
+            [query_id],
+        )
         assert audits == audit_distinct == audit_high + 1 and audit_high >= committed
-    print(f"\n[faults/sigkill] killed with {wal_bytes_at_kill} bytes in the write-ahead log; "
-          f"last batch confirmed durable before the kill #{committed}; reopened: {recovered[0]}")
+    print(
+        f"\n[faults/sigkill] killed with {wal_bytes_at_kill} bytes in the write-ahead log; "
+        f"last batch confirmed durable before the kill #{committed}; reopened: {recovered[0]}"
+    )
 
 
 # ----------------------------------------------------------------------------- unwritable db
@@ -123,10 +140,17 @@ def test_sigkill_mid_write_loses_and_duplicates_no_committed_batch_or_audit_row(
 @contextlib.contextmanager
 def _small_tmpfs(where: Path, size: str) -> Iterator[Path]:
     where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs to fill a disk (needs root / CAP_SYS_ADMIN): {done.stderr.strip()}")
+        pytest.fail(
+            "cannot mount a tmpfs to fill a disk (needs root / CAP_SYS_ADMIN): "
+            f"{done.stderr.strip()}"
+        )
     try:
         yield where
     finally:
@@ -150,7 +174,9 @@ def _fill(folder: Path) -> Path:
 def _chattr(flag: str, path: Path) -> None:
     done = subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        pytest.fail(f"chattr {flag} failed (needs root / CAP_LINUX_IMMUTABLE): {done.stderr.strip()}")
+        pytest.fail(
+            f"chattr {flag} failed (needs root / CAP_LINUX_IMMUTABLE): {done.stderr.strip()}"
+        )
 
 
 @pytest.mark.spark
@@ -166,22 +192,31 @@ def test_db_unwritable_while_running_keeps_query_and_metrics_and_resumes(
         second = 0
         while not stop_feeding.is_set():
             second += 1
-            write_events(incoming, [{"ts": f"2026-01-01T00:{second // 60 % 60:02d}:{second % 60:02d}Z", "user": "u"}])
+            write_events(
+                incoming,
+                [{"ts": f"2026-01-01T00:{second // 60 % 60:02d}:{second % 60:02d}Z", "user": "u"}],
+            )
             time.sleep(0.25)
 
     figures: list[str] = []
-    with _small_tmpfs(tmp_path / "disk", "24m") as disk, caplog.at_level(logging.WARNING, logger="wmwatch"):
+    with (
+        _small_tmpfs(tmp_path / "disk", "24m") as disk,
+        caplog.at_level(logging.WARNING, logger="wmwatch"),
+    ):
         db = disk / "history.duckdb"
         watch = wmwatch.attach(spark, db=str(db), metrics_port=free_port())
         assert watch.metrics_url is not None
         watch.store.flush_interval_seconds = 0.2  # write often, so each fault is hit at once
         url = watch.metrics_url
         query = (
-            spark.readStream.schema("ts timestamp, user string").json(str(incoming))
+            spark.readStream.schema("ts timestamp, user string")
+            .json(str(incoming))
             .withWatermark("ts", "5 seconds")
-            .writeStream.format("noop").queryName("keeps_running")
+            .writeStream.format("noop")
+            .queryName("keeps_running")
             .trigger(processingTime="200 milliseconds")
-            .option("checkpointLocation", str(tmp_path / "cp")).start()
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .start()
         )
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
@@ -191,15 +226,23 @@ def test_db_unwritable_while_running_keeps_query_and_metrics_and_resumes(
             return scrape(url).get((name, labels), -1.0)
 
         def phase(name: str, break_it: Callable[[], None], fix_it: Callable[[], None]) -> None:
-            _wait_for(lambda: metric("wmwatch_store_up") == 1 and metric("wmwatch_last_batch_id", label) >= 0,
-                      30, "the store up before the fault")
+            _wait_for(
+                lambda: (
+                    metric("wmwatch_store_up") == 1 and metric("wmwatch_last_batch_id", label) >= 0
+                ),
+                30,
+                "the store up before the fault",
+            )
             break_it()
             broken_at = metric("wmwatch_last_batch_id", label)
             began = time.monotonic()
             _wait_for(lambda: metric("wmwatch_store_up") == 0, 30, f"wmwatch_store_up 0 ({name})")
             # metrics keep following the query while the history cannot be written
-            _wait_for(lambda: metric("wmwatch_last_batch_id", label) >= broken_at + 3, 60,
-                      f"batches to go on ({name})")
+            _wait_for(
+                lambda: metric("wmwatch_last_batch_id", label) >= broken_at + 3,
+                60,
+                f"batches to go on ({name})",
+            )
             assert query.isActive
             pending = metric("wmwatch_store_pending_writes")
             assert pending > 0
@@ -207,23 +250,33 @@ def test_db_unwritable_while_running_keeps_query_and_metrics_and_resumes(
             fix_it()
             _wait_for(lambda: metric("wmwatch_store_up") == 1, 30, f"writing to resume ({name})")
             assert watch.flush(timeout=30)
-            figures.append(f"{name}: down {down_for:.1f} s with {pending:.0f} writes pending, then resumed")
+            figures.append(
+                f"{name}: down {down_for:.1f} s with {pending:.0f} writes pending, then resumed"
+            )
 
         def contiguous_since(first: int) -> tuple[int, int]:
             # read through the writer: DuckDB allows one attachment of a file per process
-            recorded = watch.store.read(lambda con: con.execute(
-                "SELECT batch_id FROM batches WHERE query_id = ? ORDER BY 1", [str(query.id)]).fetchall())
+            recorded = watch.store.read(
+                lambda con: con.execute(
+                    "SELECT batch_id FROM batches WHERE query_id = ? ORDER BY 1", [str(query.id)]
+                ).fetchall()
+            )
             ids = [r[0] for r in recorded if r[0] >= first]
             assert ids == list(range(first, first + len(ids))), "a batch was lost or duplicated"
             return len(ids), ids[-1]
 
         try:
             # 1. immutable file: even root cannot write it
-            phase("immutable file (chattr +i)", lambda: _chattr("+i", db), lambda: _chattr("-i", db))
+            phase(
+                "immutable file (chattr +i)", lambda: _chattr("+i", db), lambda: _chattr("-i", db)
+            )
             # 2. a full disk
             fillers: list[Path] = []
-            phase("disk full (tmpfs size=24m)", lambda: fillers.append(_fill(disk)),
-                  lambda: fillers.pop().unlink())
+            phase(
+                "disk full (tmpfs size=24m)",
+                lambda: fillers.append(_fill(disk)),
+                lambda: fillers.pop().unlink(),
+            )
             count, last = contiguous_since(0)
             assert count == last + 1
             # 3. the file replaced by a folder (deleting it deletes its history: the pending
@@ -261,12 +314,20 @@ def test_db_unwritable_while_running_keeps_query_and_metrics_and_resumes(
 # ----------------------------------------------------------------------------- metrics port
 
 
-def test_metrics_port_taken_by_another_process(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_metrics_port_taken_by_another_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import socket,sys,time\n"
-         "s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); print(s.getsockname()[1], flush=True)\n"
-         "time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import socket,sys,time\n"
+            "s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen()\n"
+            "print(s.getsockname()[1], flush=True)\n"
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None
@@ -285,9 +346,16 @@ def test_metrics_port_taken_by_another_process(tmp_path: Path, caplog: pytest.Lo
             assert "wmwatch_metrics_server_up 0.0" in text
         finally:
             watch.close()
-        with pytest.raises(wmwatch.MetricsServerError, match=f"port {port} on 127.0.0.1 is already in use"):
-            wmwatch.attach(NoQueriesSession(), db=str(tmp_path / "h.duckdb"), metrics_port=port,
-                           listener="stock", strict=True)
+        with pytest.raises(
+            wmwatch.MetricsServerError, match=f"port {port} on 127.0.0.1 is already in use"
+        ):
+            wmwatch.attach(
+                NoQueriesSession(),
+                db=str(tmp_path / "h.duckdb"),
+                metrics_port=port,
+                listener="stock",
+                strict=True,
+            )
     finally:
         holder.kill()
         holder.wait(timeout=10)
@@ -300,15 +368,22 @@ def test_metrics_port_taken_by_another_process(tmp_path: Path, caplog: pytest.Lo
 def test_spark_listener_bus_drops_are_detected_and_counted(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / "bus_drops.py"), str(tmp_path), "20"],
-        capture_output=True, text=True, timeout=240, env=_env(), check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=_env(),
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     recorded = out["recorded_batch_ids"]
     gaps = sum(b - a - 1 for a, b in itertools.pairwise(recorded) if b - a > 1)
-    print(f"\n[faults/listener bus] last batch #{out['last_batch_id']}, {len(recorded)} batches reached "
-          f"wmwatch, gaps {gaps}; wmwatch_progress_events_missed_total {out['missed_total']}, "
-          f"wmwatch_spark_listener_events_dropped_total {out['spark_dropped_total']}")
+    print(
+        f"\n[faults/listener bus] last batch #{out['last_batch_id']}, "
+        f"{len(recorded)} batches reached "
+        f"wmwatch, gaps {gaps}; wmwatch_progress_events_missed_total {out['missed_total']}, "
+        f"wmwatch_spark_listener_events_dropped_total {out['spark_dropped_total']}"
+    )
     assert out["spark_dropped_total"] is not None and out["spark_dropped_total"] > 0
     assert gaps > 0, "the bus dropped no progress event: the test did not put it under pressure"
     assert out["missed_total"] == gaps

@@ -54,8 +54,11 @@ def main(work: Path, seconds: float) -> None:
     watch = wmwatch.attach(spark, db=str(work / "h.duckdb"), metrics_port=None)
     spark.streams.addListener(SlowStockListener())
     query = (
-        spark.readStream.format("rate").option("rowsPerSecond", 50).load()
-        .writeStream.format("noop").queryName("bus_pressure")
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 50)
+        .load()
+        .writeStream.format("noop")
+        .queryName("bus_pressure")
         .trigger(processingTime="50 milliseconds")
         .option("checkpointLocation", str(work / "cp"))
         .start()
@@ -75,17 +78,30 @@ def main(work: Path, seconds: float) -> None:
     import duckdb
 
     with duckdb.connect(str(work / "h.duckdb"), read_only=True) as con:
-        recorded = [r[0] for r in con.execute(
-            "SELECT batch_id FROM batches WHERE query_id = ? ORDER BY batch_id", [str(query.id)]
-        ).fetchall()]
-    print(json.dumps({
-        "last_batch_id": last_batch,
-        "recorded_batch_ids": recorded,
-        "received": received,
-        "missed_total": samples.get(("wmwatch_progress_events_missed_total", (("query", "bus_pressure"),))),
-        "spark_dropped_total": samples.get(("wmwatch_spark_listener_events_dropped_total", ())),
-        "query_up_after_stop": samples.get(("wmwatch_query_up", (("query", "bus_pressure"),))),
-    }))
+        recorded = [
+            r[0]
+            for r in con.execute(
+                "SELECT batch_id FROM batches WHERE query_id = ? ORDER BY batch_id", [str(query.id)]
+            ).fetchall()
+        ]
+    print(
+        json.dumps(
+            {
+                "last_batch_id": last_batch,
+                "recorded_batch_ids": recorded,
+                "received": received,
+                "missed_total": samples.get(
+                    ("wmwatch_progress_events_missed_total", (("query", "bus_pressure"),))
+                ),
+                "spark_dropped_total": samples.get(
+                    ("wmwatch_spark_listener_events_dropped_total", ())
+                ),
+                "query_up_after_stop": samples.get(
+                    ("wmwatch_query_up", (("query", "bus_pressure"),))
+                ),
+            }
+        )
+    )
     spark.stop()
 
 

@@ -37,12 +37,17 @@ def main(work: Path) -> None:
     left, right = side("l", "l"), side("r", "r")
     one_sided = left.join(right, F.expr("lk = rk AND rts >= lts"), "inner")  # type: ignore[attr-defined]
     query = (
-        one_sided.writeStream.format("noop").queryName("connect_join")
-        .option("checkpointLocation", str(work / "ck")).start()
+        one_sided.writeStream.format("noop")
+        .queryName("connect_join")
+        .option("checkpointLocation", str(work / "ck"))
+        .start()
     )
     for batch in range(3):
         for name in ("l", "r"):
-            rows = [{"k": batch * 10 + j, "ts": f"2026-01-01T00:{batch:02d}:{j * 5:02d}Z"} for j in range(3)]
+            rows = [
+                {"k": batch * 10 + j, "ts": f"2026-01-01T00:{batch:02d}:{j * 5:02d}Z"}
+                for j in range(3)
+            ]
             (work / name / f"{batch}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
         query.processAllAvailable()
     last = query.lastProgress

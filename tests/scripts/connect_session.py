@@ -1,4 +1,5 @@
-"""The local Spark Connect session the subprocess test drivers share (server JVM started by pyspark)."""
+"""The local Spark Connect session the subprocess test drivers share (server JVM started by
+pyspark)."""
 
 from __future__ import annotations
 

@@ -25,11 +25,19 @@ def main(work: Path) -> None:
     incoming = work / "in"
     incoming.mkdir()
     (incoming / "a.json").write_text(json.dumps({"ts": "2026-01-01T00:00:05Z"}) + "\n")
-    events = spark.readStream.schema("ts timestamp").json(str(incoming)).withWatermark("ts", "10 seconds")
+    events = (
+        spark.readStream.schema("ts timestamp")
+        .json(str(incoming))
+        .withWatermark("ts", "10 seconds")
+    )
     query = (
-        events.groupBy(F.window("ts", "10 seconds")).count().writeStream.outputMode("append")
-        .format("memory").queryName("connect_counts")
-        .option("checkpointLocation", str(work / "ck")).start()
+        events.groupBy(F.window("ts", "10 seconds"))
+        .count()
+        .writeStream.outputMode("append")
+        .format("memory")
+        .queryName("connect_counts")
+        .option("checkpointLocation", str(work / "ck"))
+        .start()
     )
     query.processAllAvailable()
     (incoming / "a2.json").write_text(json.dumps({"ts": "2026-01-01T00:00:35Z"}) + "\n")
@@ -45,8 +53,11 @@ def main(work: Path) -> None:
         time.sleep(0.1)
     watch.flush(timeout=20)
     snap = watch.latest("connect_counts")
-    recorded = watch.store.read(lambda con: [r[0] for r in con.execute(
-        "SELECT batch_id FROM batches ORDER BY 1").fetchall()])
+    recorded = watch.store.read(
+        lambda con: [
+            r[0] for r in con.execute("SELECT batch_id FROM batches ORDER BY 1").fetchall()
+        ]
+    )
     result = {
         "mode": watch.health.listener_mode,
         "batch_id": snap.batch_id if snap else None,

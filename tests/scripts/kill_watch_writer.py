@@ -19,7 +19,8 @@ def audit_marker(query_id: str, batch_id: int) -> object:
     def write(con: object) -> None:
         con.execute(  # type: ignore[attr-defined]
             "INSERT OR REPLACE INTO audit_batches (query_id, batch_id, run_id, late_watermark_at, "
-            "late_rows, sink, location, audited_at) VALUES (?, ?, 'run-1', NULL, ?, 'duckdb', NULL, now())",
+            "late_rows, sink, location, audited_at) "
+            "VALUES (?, ?, 'run-1', NULL, ?, 'duckdb', NULL, now())",
             [query_id, batch_id, batch_id % 5],
         )
 
@@ -32,8 +33,12 @@ def main(db: Path) -> None:
     while True:
         for _ in range(400):
             for query_id in ("kill_a", "kill_b"):
-                watch._events.offer("progress", progress_event_json(query_id, batch_id, name=query_id))
-                watch.store.submit(audit_marker(query_id, batch_id), description=f"audit {batch_id}")
+                watch._events.offer(
+                    "progress", progress_event_json(query_id, batch_id, name=query_id)
+                )
+                watch.store.submit(
+                    audit_marker(query_id, batch_id), description=f"audit {batch_id}"
+                )
             batch_id += 1
         if not watch.flush(timeout=60):
             print("flush failed", flush=True)

@@ -66,28 +66,52 @@ def progress_doc(
         "numInputRows": rows,
         "inputRowsPerSecond": 50.0,
         "processedRowsPerSecond": 166.6,
-        "durationMs": {"addBatch": 80, "getBatch": 3, "latestOffset": 4, "queryPlanning": 9,
-                       "triggerExecution": 120, "walCommit": 11, "commitOffsets": 9},
+        "durationMs": {
+            "addBatch": 80,
+            "getBatch": 3,
+            "latestOffset": 4,
+            "queryPlanning": 9,
+            "triggerExecution": 120,
+            "walCommit": 11,
+            "commitOffsets": 9,
+        },
         "eventTime": {
             "avg": iso(watermark + timedelta(seconds=20)),
             "max": iso(watermark + timedelta(seconds=29)),
             "min": iso(watermark + timedelta(seconds=5)),
             "watermark": iso(watermark),
         },
-        "stateOperators": [{
-            "operatorName": "stateStoreSave", "numRowsTotal": 40 + batch_id % 7, "numRowsUpdated": 4,
-            "allUpdatesTimeMs": 3, "numRowsRemoved": 2, "allRemovalsTimeMs": 1, "commitTimeMs": 12,
-            "memoryUsedBytes": 88_000, "numRowsDroppedByWatermark": batch_id % 3,
-            "numShufflePartitions": 2, "numStateStoreInstances": 2,
-            "customMetrics": {"loadedMapCacheHitCount": 8, "loadedMapCacheMissCount": 0,
-                              "stateOnCurrentVersionSizeBytes": 9_000},
-        }],
-        "sources": [{
-            "description": description,
-            "startOffset": {"logOffset": batch_id - 1}, "endOffset": {"logOffset": batch_id},
-            "latestOffset": None, "numInputRows": rows,
-            "inputRowsPerSecond": 50.0, "processedRowsPerSecond": 166.6,
-        }],
+        "stateOperators": [
+            {
+                "operatorName": "stateStoreSave",
+                "numRowsTotal": 40 + batch_id % 7,
+                "numRowsUpdated": 4,
+                "allUpdatesTimeMs": 3,
+                "numRowsRemoved": 2,
+                "allRemovalsTimeMs": 1,
+                "commitTimeMs": 12,
+                "memoryUsedBytes": 88_000,
+                "numRowsDroppedByWatermark": batch_id % 3,
+                "numShufflePartitions": 2,
+                "numStateStoreInstances": 2,
+                "customMetrics": {
+                    "loadedMapCacheHitCount": 8,
+                    "loadedMapCacheMissCount": 0,
+                    "stateOnCurrentVersionSizeBytes": 9_000,
+                },
+            }
+        ],
+        "sources": [
+            {
+                "description": description,
+                "startOffset": {"logOffset": batch_id - 1},
+                "endOffset": {"logOffset": batch_id},
+                "latestOffset": None,
+                "numInputRows": rows,
+                "inputRowsPerSecond": 50.0,
+                "processedRowsPerSecond": 166.6,
+            }
+        ],
         "sink": {"description": "MemorySink", "numOutputRows": 2},
     }
 
