@@ -10,7 +10,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from wmwatch._inspect.findings import ACTIVE, RESOLVED, FindingsBook, finding_id
+from wmwatch._inspect.findings import ACTIVE, RESOLVED, Finding, FindingsBook, finding_id
+from wmwatch._inspect.tables import write_finding
 from wmwatch._store.writer import HistoryStore
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -77,9 +78,9 @@ def test_writes_are_throttled_and_idempotent(tmp_path: Path) -> None:
     clock = Clock()
     writes: list[str] = []
 
-    def writer(fn: object, description: str) -> None:
-        writes.append(description)
-        store.submit(fn, description=description)  # type: ignore[arg-type]
+    def writer(finding: Finding) -> None:
+        writes.append(finding.kind)
+        store.submit(lambda con: write_finding(con, finding), description=finding.kind)
 
     book = FindingsBook(writer=writer, update_interval_seconds=30.0, clock=clock)
     for batch in range(5):

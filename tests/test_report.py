@@ -25,11 +25,11 @@ from wmwatch._audit.report import watermark_delay_advice
 from wmwatch._errors import UnknownQueryError
 from wmwatch._events import parse_terminated
 from wmwatch._report.build import build_report, parse_since
-from wmwatch._report.format import format_duration
-from wmwatch._report.model import Section
 from wmwatch._report.render import render_csv, render_json, render_table, report_dict
 from wmwatch._report.sections import SECTIONS
+from wmwatch._section import Section
 from wmwatch._store.writer import HistoryStore, open_readonly
+from wmwatch._time import format_duration
 from wmwatch.cli import app
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -225,7 +225,7 @@ def test_hostile_progress_never_escapes_the_listener_and_metrics_always_parse(
     )
     assert watch.flush(timeout=30)
     assert watch._worker.is_alive()
-    errors = watch.health.copy()["errors"]
+    errors = watch.health.copy().errors
     assert isinstance(errors, dict)
     # two hostile queries may share a label (one's name is the other's id): the collector keeps
     # one series of each and counts the rest as "collect:duplicate", which is not a failure

@@ -1,4 +1,5 @@
-"""Time in wmwatch: the one duration parser and the one conversion each way.
+"""Time in wmwatch: the one duration parser, the one conversion each way, and how times and
+durations read for people.
 
 Everything wmwatch keeps is an aware UTC ``datetime`` (``*_at``) or a number of seconds
 (``*_seconds``); Spark hands over ISO strings, epoch milliseconds and interval text, and people
@@ -142,3 +143,20 @@ def format_at(value: datetime | str | None, *, zone: bool = True) -> str:
         return value
     text = (value.astimezone(UTC) if value.tzinfo else value).strftime("%Y-%m-%d %H:%M:%S")
     return f"{text} UTC" if zone else text
+
+
+def format_duration(seconds: float | None) -> str:
+    """``750ms``, ``12.3s``, ``1m 15s``, ``2h 1m``, ``1d 1h`` for people; ``-`` for none."""
+    if seconds is None:
+        return "-"
+    sign = "-" if seconds < 0 else ""
+    value = abs(seconds)
+    if value < 1:
+        return f"{sign}{value * 1000:.0f}ms"
+    if value < 60:
+        return f"{sign}{value:.1f}s"
+    if value < 3600:
+        return f"{sign}{int(value // 60)}m {int(value % 60)}s"
+    if value < 86_400:
+        return f"{sign}{int(value // 3600)}h {int(value % 3600 // 60)}m"
+    return f"{sign}{int(value // 86_400)}d {int(value % 86_400 // 3600)}h"

@@ -73,7 +73,7 @@ def main(work: Path, seconds: float) -> None:
         for family in text_string_to_metric_families(generate_latest(watch.registry).decode())
         for s in family.samples
     }
-    received = watch.health.copy()["received"]
+    received = watch.health.copy().received
     watch.close()
     import duckdb
 

@@ -18,10 +18,8 @@ from math import gcd
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wmwatch._report.format import format_duration
-from wmwatch._report.model import Scope, Section
-from wmwatch._report.rows import Row, as_float, grouped, named_rows
-from wmwatch._time import as_utc, format_at
+from wmwatch._section import Row, Scope, Section, as_float, grouped, named_rows
+from wmwatch._time import as_utc, format_at, format_duration
 
 if TYPE_CHECKING:
     import duckdb

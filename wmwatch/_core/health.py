@@ -79,7 +79,3 @@ class HealthSnapshot:
     metrics_server_up: bool
     spark_listener_bus_dropped: int
     spark_listener_bus_readable: bool
-
-    def __getitem__(self, field_name: str) -> object:
-        """A field by name (``snapshot["errors"]``), for scripts that read the counters by name."""
-        return getattr(self, field_name)

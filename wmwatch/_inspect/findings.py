@@ -4,7 +4,8 @@ A finding is identified by query, kind, operator and side (:func:`finding_id`), 
 same problem in every batch updates one record (last seen, occurrences, fresh evidence) instead of
 adding rows. The first time a finding opens it is logged once at WARNING; it is written to the
 ``findings`` table when it opens, when it resolves and at most every ``update_interval_seconds``
-in between (the write itself is :func:`wmwatch._inspect.tables.write_finding`).
+in between, through the ``writer`` it is given (the plugin's, which queues
+:func:`wmwatch._inspect.tables.write_finding` on the history store).
 """
 
 from __future__ import annotations
@@ -17,9 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
-
-from wmwatch._core.plugins import Write
-from wmwatch._inspect.tables import write_finding
 
 log = logging.getLogger("wmwatch.findings")
 
@@ -84,15 +82,15 @@ class Finding:
         }
 
 
-Writer = Callable[[Write, str], None]
+Writer = Callable[["Finding"], None]
 
 
 @dataclass
 class FindingsBook:
     """The open and resolved findings of this process, and their writes to the history.
 
-    ``writer(fn, description)`` queues ``fn(con)`` (the store's ``submit``); None keeps findings
-    in memory only. Thread-safe: the worker thread and the plan inspector both report here.
+    ``writer(finding)`` records one finding in the history; None keeps findings in memory only.
+    Thread-safe: the worker thread and the plan inspector both report here.
     """
 
     writer: Writer | None = None
@@ -208,7 +206,7 @@ class FindingsBook:
         self._written_at[finding.finding_id] = self.clock()
         if self.writer is None:
             return
-        self.writer(lambda con: write_finding(con, finding), f"finding {finding.kind}")
+        self.writer(finding)
 
 
 _SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}

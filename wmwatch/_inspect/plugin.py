@@ -15,16 +15,16 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client.core import Metric
 
-from wmwatch._core.plugins import WatchContext, WatchPlugin
+from wmwatch._core.plugins import HistoryAccess, WatchContext, WatchPlugin
 from wmwatch._events import QueryStarted, QueryTerminated
 from wmwatch._inspect.evaluate import apply_verdict, judge_joins
-from wmwatch._inspect.findings import FindingsBook
+from wmwatch._inspect.findings import Finding, FindingsBook
 from wmwatch._inspect.joins import StateSample, analyze_growth, classify_join
 from wmwatch._inspect.metrics import plan_metrics
 from wmwatch._inspect.plan import (
@@ -39,7 +39,7 @@ from wmwatch._inspect.plan import (
 )
 from wmwatch._inspect.reads import LatestReads
 from wmwatch._inspect.state import QueryState
-from wmwatch._inspect.tables import write_watermarks
+from wmwatch._inspect.tables import write_finding, write_watermarks
 from wmwatch._inspect.watermarks import OperatorWatermark, SourceWatermark, WatermarkMonitor
 from wmwatch._progress import ProgressSnapshot
 
@@ -85,9 +85,7 @@ class PlanPlugin(WatchPlugin):
         store = context.store
         self._store = store
         self.findings = FindingsBook(
-            writer=(lambda fn, description: store.submit(fn, description=description))
-            if store is not None
-            else None,
+            writer=_finding_writer(store) if store is not None else None,
             update_interval_seconds=findings_update_interval_seconds,
         )
         self.costs: dict[str, deque[float]] = {
@@ -378,3 +376,9 @@ class PlanPlugin(WatchPlugin):
         self._reads.close(timeout=5.0)
         self.findings.flush()
 
+
+def _finding_writer(store: HistoryAccess) -> Callable[[Finding], None]:
+    def write(finding: Finding) -> None:
+        store.submit(lambda con: write_finding(con, finding), description=f"finding {finding.kind}")
+
+    return write

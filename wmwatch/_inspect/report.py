@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from wmwatch._report.model import Scope, Section
-from wmwatch._report.rows import grouped, named_rows
+from wmwatch._section import Scope, Section, grouped, named_rows
 from wmwatch._time import as_utc, format_at, from_epoch_seconds
 
 if TYPE_CHECKING:

@@ -13,9 +13,9 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from wmwatch._errors import UnknownQueryError
-from wmwatch._report.model import QueryRef, QuerySummary, Report, Scope, Section
-from wmwatch._report.rows import Row, as_float, as_int, named_rows
+from wmwatch._report.model import QueryRef, Report
 from wmwatch._report.sections import SECTIONS
+from wmwatch._section import QuerySummary, Row, Scope, Section, as_float, as_int, named_rows
 from wmwatch._text import first_line
 from wmwatch._time import from_epoch_seconds, parse_duration_us, parse_timestamp
 

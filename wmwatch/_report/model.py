@@ -1,4 +1,5 @@
-"""What a report is made of: the queries it covers, each query's summary, and its sections.
+"""What a report is made of: the queries it covers, each query's summary, and its sections
+(the summary and the section contract are :mod:`wmwatch._section`'s).
 
 Plain data, built once by :mod:`wmwatch._report.build` and only read by
 :mod:`wmwatch._report.render`.
@@ -6,14 +7,10 @@ Plain data, built once by :mod:`wmwatch._report.build` and only read by
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    import duckdb
-    from rich.console import RenderableType
+from wmwatch._section import QuerySummary, Section
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,77 +21,6 @@ class QueryRef:
     @property
     def label(self) -> str:
         return self.name or self.query_id
-
-
-@dataclass(slots=True)
-class QuerySummary:
-    """One query's core figures, from the ``queries``, ``batches`` and ``operators`` tables."""
-
-    query_id: str
-    query: str
-    status: str
-    error_class: str | None
-    exception: str | None
-    runs: int
-    batches: int
-    first_batch_id: int | None
-    last_batch_id: int | None
-    first_batch_at: datetime | None
-    last_batch_at: datetime | None
-    watermark_at: datetime | None
-    watermark_lag_p50_seconds: float | None
-    watermark_lag_p95_seconds: float | None
-    watermark_lag_max_seconds: float | None
-    event_time_delay_p50_seconds: float | None
-    input_rows: int
-    rows_dropped_by_watermark: int | None
-    drops_count_groups: bool
-    state_rows_first: int | None
-    state_rows_last: int | None
-    state_rows_growth: int | None
-    state_rows_growth_per_hour: float | None
-    state_memory_bytes_last: int | None
-    state_memory_bytes_max: int | None
-    operators: list[dict[str, Any]] = field(default_factory=list)
-    sections: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Scope:
-    """Which history a report covers: these queries, batches at or after ``since_at``.
-
-    ``summaries`` holds each query's core summary, already built: its first batch id in scope
-    serves tables keyed by batch that have no batch time of their own (late rows, audit
-    batches), its figures serve sections whose advice depends on them.
-    """
-
-    query_ids: tuple[str, ...]
-    since_at: datetime | None
-    summaries: Mapping[str, QuerySummary]
-
-    def first_batch_id(self, query_id: str) -> int:
-        summary = self.summaries.get(query_id)
-        if summary is None or summary.first_batch_id is None:
-            return 0
-        return summary.first_batch_id
-
-
-@dataclass(frozen=True, slots=True)
-class Section:
-    """One optional part of each query's report, driven by its own table(s).
-
-    ``load`` returns ``{query_id: data}`` only for queries with rows; ``data`` must be plain
-    JSON-able values (datetimes allowed) and complete: rendering only reads it. ``render`` turns
-    one query's data into a rich renderable; ``csv_values`` maps data (or None) to
-    ``csv_columns``.
-    """
-
-    key: str
-    title: str
-    load: Callable[[duckdb.DuckDBPyConnection, Scope], Mapping[str, Any]]
-    render: Callable[[Any], RenderableType]
-    csv_columns: tuple[str, ...]
-    csv_values: Callable[[Any], Mapping[str, Any]]
 
 
 @dataclass(slots=True)

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from wmwatch._report.format import format_bytes, format_duration
-from wmwatch._report.model import QuerySummary, Report
-from wmwatch._time import as_utc, format_at
+from wmwatch._report.model import Report
+from wmwatch._section import QuerySummary
+from wmwatch._time import as_utc, format_at, format_duration
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -204,3 +204,14 @@ def _csv_value(value: Any) -> Any:
     if isinstance(value, bool):
         return str(value).lower()
     return value
+
+
+def format_bytes(size: int | None) -> str:
+    if size is None:
+        return "-"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"

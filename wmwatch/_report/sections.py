@@ -9,6 +9,6 @@ from __future__ import annotations
 
 from wmwatch._audit.report import LATE_ROWS_SECTION
 from wmwatch._inspect.report import FINDINGS_SECTION, WATERMARKS_SECTION
-from wmwatch._report.model import Section
+from wmwatch._section import Section
 
 SECTIONS: tuple[Section, ...] = (LATE_ROWS_SECTION, FINDINGS_SECTION, WATERMARKS_SECTION)
