@@ -46,60 +46,10 @@ HISTORY_WRITER_CPU_SHARE = 0.005
 class Watch:
     """A running wmwatch on one SparkSession; use it as a context manager or call ``close``."""
 
-    def __init__(
-        self,
-        spark: Any,
-        *,
-        db: str | os.PathLike[str] | None,
-        metrics_port: int | None,
-        metrics_addr: str | None,
-        registry: CollectorRegistry | None,
-        metrics_certfile: str | None,
-        metrics_keyfile: str | None,
-        metrics_basic_auth: tuple[str, str] | None,
-        strict: bool,
-        queue_capacity: int,
-        forget_after_seconds: float,
-        retention_days: float | None,
-        db_flush_seconds: float,
-        listener: str,
-        plugins: Iterable[WatchPlugin],
-        inspect_plans: bool,
-        state_budget_bytes: int | None,
-        pushgateway: str | None,
-        push_job: str,
-    ) -> None:
-        options = WatchOptions(
-            db=db,
-            metrics_port=metrics_port,
-            metrics_addr=metrics_addr,
-            registry=registry,
-            metrics_certfile=metrics_certfile,
-            metrics_keyfile=metrics_keyfile,
-            metrics_basic_auth=metrics_basic_auth,
-            strict=strict,
-            queue_capacity=queue_capacity,
-            forget_after_seconds=forget_after_seconds,
-            retention_days=retention_days,
-            db_flush_seconds=db_flush_seconds,
-            listener=listener,
-            plugins=plugins,
-            inspect_plans=inspect_plans,
-            state_budget_bytes=state_budget_bytes,
-            pushgateway=pushgateway,
-            push_job=push_job,
-        )
-        self._start(spark, options)
-
-    @classmethod
-    def _from_options(cls, spark: Any, options: WatchOptions) -> Watch:
-        watch = cls.__new__(cls)
-        watch._start(spark, options)
-        return watch
-
     # -- setup -------------------------------------------------------------------------------
 
-    def _start(self, spark: Any, options: WatchOptions) -> None:
+    def __init__(self, spark: Any, options: WatchOptions) -> None:
+        """Start a watch on ``spark``; :func:`attach` is the way in (one watch per session)."""
         if options.queue_capacity < 1:
             raise ConfigError("queue_capacity must be at least 1")
         self.spark = spark
@@ -389,7 +339,7 @@ def attach(
     requested = options.as_requested()
 
     def create() -> Watch:
-        return Watch._from_options(spark, options)
+        return Watch(spark, options)
 
     # A second watch would add a second listener (every event twice) and fight the first for
     # its port and history file; returning the live one keeps its counters and audits going.
