@@ -19,10 +19,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from wmwatch._errors import StoreError
+from wmwatch._store.rows import QueryHistory, read_history
 from wmwatch._store.schema import migrate, schema_version
 from wmwatch._text import error_line
 
@@ -174,8 +176,7 @@ _LOCK_PATTERNS = (
 
 def cannot_write(path: Path) -> str:
     return (
-        f"cannot write to {path} (read-only or no permission): "
-        "pass a db path in a writable folder"
+        f"cannot write to {path} (read-only or no permission): pass a db path in a writable folder"
     )
 
 
@@ -395,3 +396,53 @@ def _read_pid(fd: int) -> int | None:
     with contextlib.suppress(OSError, ValueError):
         return int(os.pread(fd, 32, 0).decode().strip())
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedHistory:
+    """What opening the file for writing found: each query's history, and whether DuckDB had to
+    replay a write-ahead log left by a process that did not close the file."""
+
+    history: tuple[QueryHistory, ...]
+    recovered_after_crash: bool
+
+
+def open_for_writing(path: Path, *, timeout_seconds: float) -> OpenedHistory:
+    """Create or migrate the history file at ``path`` and check it can be written, raising
+    :class:`StoreError` with a one-line message when it cannot (a folder, a missing folder, a
+    file of another kind, no write permission, a lock held too long)."""
+    if path.is_dir():
+        raise StoreError(f"{path} is a folder: pass a file path for the wmwatch history db")
+    if not path.parent.is_dir():
+        raise StoreError(f"folder {path.parent} does not exist: create it or pass another db path")
+    if not path.exists():
+        create_database(path)
+    wal = Path(f"{path}.wal")
+    unclean = wal.exists() and wal.stat().st_size > 0
+    deadline = time.monotonic() + timeout_seconds
+    con = connect(path, read_only=False, deadline=deadline)
+    private_wal(path)
+    try:
+        migrate(con, path)
+        history = read_history(con)
+    except StoreError:
+        raise
+    except Exception as exc:
+        raise StoreError(describe_open_error(path, exc)) from None
+    finally:
+        con.close()
+        drop_empty_wal(path)
+    if not os.access(path.parent, os.W_OK | os.X_OK) or not os.access(path, os.W_OK):
+        raise StoreError(cannot_write(path))
+    if unclean:
+        summary = ", ".join(
+            f"{h.query_name or h.query_id}: {h.batches} batches up to batch {h.last_batch_id}"
+            for h in history
+        )
+        _log.warning(
+            "%s was not closed cleanly; DuckDB replayed its write-ahead log and the history "
+            "holds %s",
+            path,
+            summary or "no batches",
+        )
+    return OpenedHistory(history=history, recovered_after_crash=unclean)

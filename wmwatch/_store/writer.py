@@ -47,11 +47,9 @@ from wmwatch._store.files import (
     FILE_MODE,
     WriterEngine,
     WriterLock,
-    cannot_write,
-    connect,
     create_database,
-    describe_open_error,
     drop_empty_wal,
+    open_for_writing,
     open_readonly,
     private_wal,
 )
@@ -59,7 +57,6 @@ from wmwatch._store.rows import (
     ProgressRows,
     QueryHistory,
     progress_rows,
-    read_history,
     write_progress_rows,
     write_query_started,
     write_query_terminated,
@@ -207,14 +204,14 @@ class HistoryStore:
 
         self._verified_file: tuple[int, int] | None = None
         self._engine = WriterEngine()
-        self.recovered_after_crash = False
-        self.history_at_open: tuple[QueryHistory, ...] = ()
         self._writer_lock = WriterLock(self.path)
         try:
-            self._open_initial(open_timeout_seconds)
+            opened = open_for_writing(self.path, timeout_seconds=open_timeout_seconds)
         except BaseException:
             self._writer_lock.release()
             raise
+        self.history_at_open: tuple[QueryHistory, ...] = opened.history
+        self.recovered_after_crash = opened.recovered_after_crash
         if self._writer_lock.unlocked_reason is not None:
             _log.warning(
                 "%s: writing %s without excluding other processes (a second writer there would "
@@ -370,48 +367,7 @@ class HistoryStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- opening --
-
-    def _open_initial(self, timeout_seconds: float) -> None:
-        path = self.path
-        if path.is_dir():
-            raise StoreError(f"{path} is a folder: pass a file path for the wmwatch history db")
-        if not path.parent.is_dir():
-            raise StoreError(
-                f"folder {path.parent} does not exist: create it or pass another db path"
-            )
-        if not path.exists():
-            create_database(path)
-        wal = Path(f"{path}.wal")
-        unclean = wal.exists() and wal.stat().st_size > 0
-        deadline = time.monotonic() + timeout_seconds
-        con = connect(path, read_only=False, deadline=deadline)
-        private_wal(path)
-        try:
-            migrate(con, path)
-            history = read_history(con)
-        except StoreError:
-            raise
-        except Exception as exc:
-            raise StoreError(describe_open_error(path, exc)) from None
-        finally:
-            con.close()
-            drop_empty_wal(path)
-        if not os.access(path.parent, os.W_OK | os.X_OK) or not os.access(path, os.W_OK):
-            raise StoreError(cannot_write(path))
-        self.history_at_open = history
-        self.recovered_after_crash = unclean
-        if unclean:
-            summary = ", ".join(
-                f"{h.query_name or h.query_id}: {h.batches} batches up to batch {h.last_batch_id}"
-                for h in self.history_at_open
-            )
-            _log.warning(
-                "%s was not closed cleanly; DuckDB replayed its write-ahead log and the history "
-                "holds %s",
-                path,
-                summary or "no batches",
-            )
+    # -- the writer thread's connection --
 
     def _connect_for_write(self) -> duckdb.DuckDBPyConnection:
         # a file made anew may get the inode number of the one deleted: remember that we made it
@@ -744,5 +700,3 @@ def _run_writes(con: duckdb.DuckDBPyConnection, items: list[_Pending]) -> None:
                 item.write(con)
     except (duckdb.IOException, OSError) as exc:
         raise _Unavailable(error_line(exc)) from None
-
-
