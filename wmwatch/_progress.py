@@ -142,7 +142,7 @@ def clean_name(name: str | None) -> str | None:
     valid UTF-8; None for no name.
 
     Cleaning a cleaned name changes nothing, so a name from a snapshot or event passes as is."""
-    return clean(name, _MAX_NAME_CHARS) if name else None
+    return _cleaned(name, _MAX_NAME_CHARS) if name else None
 
 
 def parse_progress(raw: str | bytes | Mapping[str, Any]) -> ProgressSnapshot:
@@ -284,7 +284,7 @@ def _parse_operators(value: Any) -> tuple[OperatorProgress, ...]:
         operators.append(
             OperatorProgress(
                 operator_id=index,
-                name=clean(_as_str(item.get("operatorName")) or "unknown", _MAX_NAME_CHARS),
+                name=_cleaned(_as_str(item.get("operatorName")) or "unknown", _MAX_NAME_CHARS),
                 rows_total=_as_nonneg_int(item.get("numRowsTotal")),
                 rows_updated=_as_nonneg_int(item.get("numRowsUpdated")),
                 rows_removed=_as_nonneg_int(item.get("numRowsRemoved")),
@@ -320,6 +320,24 @@ def _parse_sources(value: Any) -> tuple[SourceProgress, ...]:
     return tuple(sources)
 
 
+# Cleaned names by (text, limit): emptied when full, so its size stays bounded whatever the names.
+_CLEANED: dict[tuple[str, int], str] = {}
+_MAX_CLEANED = 4096
+
+
+def _cleaned(text: str, limit: int) -> str:
+    """``clean(text, limit)`` for the text that comes again in every progress of a query (its
+    name, its operators', sources' and metrics' names): cleaned once, then looked up, so that
+    cleaning every field costs the worker next to nothing."""
+    key = (text, limit)
+    cleaned = _CLEANED.get(key)
+    if cleaned is None:
+        if len(_CLEANED) >= _MAX_CLEANED:
+            _CLEANED.clear()
+        cleaned = _CLEANED[key] = clean(text, limit)
+    return cleaned
+
+
 def _offset(value: Any) -> str | None:
     # Offsets are kept whole: a source's offsets (one per Kafka partition) can be long.
     if value is None:
@@ -328,12 +346,12 @@ def _offset(value: Any) -> str | None:
 
 
 def _description(value: Any) -> str:
-    return clean(_as_str(value) or "", _MAX_DESCRIPTION_CHARS)
+    return _cleaned(_as_str(value) or "", _MAX_DESCRIPTION_CHARS)
 
 
 def _key(key: Any) -> str:
     """The name of a duration phase (an exported label value) or of a custom metric."""
-    return clean(str(key), _MAX_NAME_CHARS)
+    return _cleaned(str(key), _MAX_NAME_CHARS)
 
 
 def _dumps(value: Any) -> str:
