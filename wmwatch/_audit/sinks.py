@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from wmwatch._errors import AuditError
 
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     import duckdb
 
     from wmwatch._core.plugins import HistoryAccess
-    from wmwatch._store.writer import StoreHealth
 
 # The columns of a late row as the replay hands it over, in this order.
 LATE_ROW_COLUMNS = (
@@ -71,17 +70,6 @@ class BatchLateRows:
     def over_cap(self) -> int:
         kept = self.kept
         return 0 if kept is None else max(0, self.total - kept)
-
-
-@runtime_checkable
-class _WaitableHistory(Protocol):
-    """A history that can be waited on: ``flush`` returns True once every write submitted so
-    far is in the file, False when ``timeout`` passes first."""
-
-    def flush(self, timeout: float = ...) -> bool: ...
-
-    @property
-    def health(self) -> StoreHealth: ...
 
 
 class AuditHistory:
@@ -161,14 +149,10 @@ class AuditHistory:
 
     def flush(self, timeout_seconds: float) -> bool:
         """Wait until every write queued so far is in the file; True if it was."""
-        if isinstance(self._store, _WaitableHistory):
-            return bool(self._store.flush(timeout=timeout_seconds))
-        return True
+        return self._store.flush(timeout=timeout_seconds)
 
     def _last_error(self) -> str | None:
-        if isinstance(self._store, _WaitableHistory):
-            return self._store.health.last_error
-        return None
+        return self._store.health.last_error
 
 
 def _rows_as_table(first_param: int) -> str:

@@ -23,6 +23,8 @@ from wmwatch._progress import ProgressSnapshot
 if TYPE_CHECKING:  # duckdb loads only with a history store: ``wmwatch --help`` stays instant
     import duckdb
 
+    from wmwatch._store.writer import StoreHealth
+
 
 class WatchPlugin:
     """Base class with no-op hooks; override what you need."""
@@ -54,14 +56,21 @@ Write: TypeAlias = Callable[["duckdb.DuckDBPyConnection"], None]
 
 
 class HistoryAccess(Protocol):
-    """What a plugin may do with the history database: queue a write, or read on the writer's
-    connection. Both run on the store's one writer thread, so a plugin never opens the file."""
+    """What a plugin may do with the history database: queue a write, read on the writer's
+    connection, or wait until what it queued is in the file (``flush``: True once it is, False
+    when ``timeout`` passes first, with the reason in ``health.last_error``). All of it runs on
+    the store's one writer thread, so a plugin never opens the file."""
 
     def submit(self, write: Write, *, description: str) -> None: ...
 
     def read(
         self, fn: Callable[[duckdb.DuckDBPyConnection], T], timeout: float = 10.0
     ) -> T: ...
+
+    def flush(self, timeout: float = 10.0) -> bool: ...
+
+    @property
+    def health(self) -> StoreHealth: ...
 
 
 class WatchContext(Protocol):
