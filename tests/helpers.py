@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterable, Mapping
@@ -55,3 +56,31 @@ def iso(ts: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+def self_signed_cert(folder: Path) -> tuple[Path, Path]:
+    """A certificate and key for 127.0.0.1 in ``folder``, made by openssl (one day valid)."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import socket
 import ssl
-import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
+from tests.helpers import self_signed_cert
 from wmwatch import ConfigError, MetricsServerError
 from wmwatch._metrics.exporter import serve_metrics
 
@@ -72,29 +72,7 @@ def test_basic_auth_rejects_missing_and_wrong_credentials(registry: CollectorReg
 
 
 def test_tls_endpoint_serves_https(registry: CollectorRegistry, tmp_path: Path) -> None:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed_cert(tmp_path)
     server = serve_metrics(registry, port=0, certfile=str(cert), keyfile=str(key))
     try:
         assert server.url.startswith("https://")

@@ -15,7 +15,6 @@ import os
 import socket
 import ssl
 import stat
-import subprocess
 import threading
 import time
 import urllib.error
@@ -28,7 +27,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import wmwatch
-from tests.helpers import free_port, write_events
+from tests.helpers import free_port, self_signed_cert, write_events
 from tests.scripts.safety_support import NoQueriesSession, progress_event_json
 
 
@@ -81,36 +80,9 @@ def test_bind_address_from_the_environment_and_the_argument(
         assert _reachable("127.0.0.1", port)
 
 
-def _self_signed(folder: Path) -> tuple[Path, Path]:
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
-
-
 @pytest.mark.spark
 def test_tls_and_basic_auth_end_to_end_through_attach(spark: Any, stream_dir: Path) -> None:
-    cert, key = _self_signed(stream_dir)
+    cert, key = self_signed_cert(stream_dir)
     write_events(stream_dir / "in", [{"ts": "2026-01-01T00:00:01Z", "user": "a"}])
     with wmwatch.attach(
         spark,
