@@ -1,10 +1,11 @@
 """A Spark driver for the audit crash test: run a windowed query with the audit, print status.
 
-    python -m tests.audit_crash_driver <folder> run      # loop until killed
-    python -m tests.audit_crash_driver <folder> finish   # process what is there, sync, exit 0
+    python -m tests.audit_crash_driver <folder> run [join]     # loop until killed
+    python -m tests.audit_crash_driver <folder> finish [join]  # process what is there, sync, exit 0
 
-The query reads <folder>/in, writes Parquet to <folder>/out (exactly once through the file
-sink's log), checkpoints to <folder>/checkpoint and audits into <folder>/history.duckdb.
+The window query reads <folder>/in; the join query (``join``) joins <folder>/l with <folder>/r
+on a key and a time range. Both write Parquet to <folder>/out (exactly once through the file
+sink's log), checkpoint to <folder>/checkpoint and audit into <folder>/history.duckdb.
 Status lines are JSON on stdout, one per loop.
 """
 
@@ -16,7 +17,7 @@ import sys
 import time
 
 
-def main(folder: str, mode: str) -> int:
+def main(folder: str, mode: str, shape: str = "window") -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -36,15 +37,30 @@ def main(folder: str, mode: str) -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    events = (
-        spark.readStream.schema("id int, user string, ts timestamp")
-        .json(f"{folder}/in")
-        .withWatermark("ts", "10 seconds")
-    )
+    if shape == "join":
+        left = (
+            spark.readStream.schema("lid int, lk string, lt timestamp")
+            .json(f"{folder}/l")
+            .withWatermark("lt", "10 seconds")
+        )
+        right = (
+            spark.readStream.schema("rid int, rk string, rt timestamp")
+            .json(f"{folder}/r")
+            .withWatermark("rt", "10 seconds")
+        )
+        condition = "lk = rk AND lt BETWEEN rt - INTERVAL 5 SECONDS AND rt + INTERVAL 5 SECONDS"
+        result = left.join(right, F.expr(condition))
+        events: object = [left, right]
+    else:
+        source = (
+            spark.readStream.schema("id int, user string, ts timestamp")
+            .json(f"{folder}/in")
+            .withWatermark("ts", "10 seconds")
+        )
+        result = source.groupBy(F.window("ts", "10 seconds")).count()
+        events = source
     query = (
-        events.groupBy(F.window("ts", "10 seconds"))
-        .count()
-        .writeStream.format("parquet")
+        result.writeStream.format("parquet")
         .outputMode("append")
         .option("path", f"{folder}/out")
         .option("checkpointLocation", f"{folder}/checkpoint")
@@ -68,4 +84,4 @@ def main(folder: str, mode: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(*sys.argv[1:4]))

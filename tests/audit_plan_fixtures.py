@@ -9,8 +9,15 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 OUT = Path(__file__).parent / "fixtures" / "audit_plans"
+
+
+def _count_state(key: Any, frames: Any, state: Any) -> Any:
+    import pandas as pd
+
+    yield pd.DataFrame({"id": [key[0]], "n": [sum(len(f) for f in frames)]})
 
 
 def main() -> None:
@@ -46,10 +53,37 @@ def main() -> None:
         "aggregate_by_key": events.groupBy("v").count(),
         "no_watermark": raw.groupBy(F.window("ts", "10 seconds")).count(),
         "join": events.join(other, "id"),
+        "join_left_outer_range": events.join(
+            other.withColumnRenamed("id", "rid"),
+            F.expr("id = rid AND ts BETWEEN ts2 - INTERVAL 5 SECONDS AND ts2 + INTERVAL 5 SECONDS"),
+            "leftOuter",
+        ),
+        "join_one_side": events.join(
+            spark.readStream.schema("id int, ts2 timestamp").json(str(base / "in2")), "id"
+        ),
+        "union": events.unionByName(
+            spark.readStream.schema("id int, ts timestamp, v string")
+            .json(str(base / "in2"))
+            .withWatermark("ts", "10 seconds")
+        )
+        .groupBy(F.window("ts", "10 seconds"))
+        .count(),
+        "session": events.groupBy("id", F.session_window("ts", "5 seconds")).count(),
+        "raw_event_time": events.groupBy("ts").count(),
+        "dedupe_then_window": events.dropDuplicates(["id", "ts"])
+        .groupBy(F.window("ts", "10 seconds"))
+        .count(),
+        "state_event_time": events.groupBy("id").applyInPandasWithState(
+            _count_state, "id int, n long", "n long", "append", "EventTimeTimeout"
+        ),
+        "state_no_timeout": events.groupBy("id").applyInPandasWithState(
+            _count_state, "id int, n long", "n long", "append", "NoTimeout"
+        ),
     }
     OUT.mkdir(parents=True, exist_ok=True)
     for name, frame in queries.items():
-        mode = "update" if name in ("aggregate_by_key", "no_watermark") else "append"
+        updates = ("aggregate_by_key", "no_watermark", "raw_event_time")
+        mode = "update" if name in updates else "append"
         query = (
             frame.writeStream.format("noop")
             .outputMode(mode)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +19,9 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
-os.environ.setdefault("PYSPARK_PYTHON", shutil.which("python") or "python3")
+# Python workers run the interpreter of the tests, so functions they unpickle (state functions,
+# data sources) find the same packages
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 def _java_available() -> bool:

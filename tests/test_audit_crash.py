@@ -28,9 +28,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _driver(folder: Path, mode: str) -> subprocess.Popen[str]:
+def _driver(folder: Path, mode: str, shape: str = "window") -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.audit_crash_driver", str(folder), mode],
+        [sys.executable, "-m", "tests.audit_crash_driver", str(folder), mode, shape],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -65,14 +65,17 @@ def _wait_for_status(
             return status
 
 
-def _committed_batch_reading(checkpoint: Path, written: Path, proc: subprocess.Popen[str]) -> int:
+def _committed_batch_reading(
+    checkpoint: Path, written: Path, proc: subprocess.Popen[str], source_index: int = 0
+) -> int:
     """Wait until a committed batch of the query read ``written``; that batch's id."""
     deadline = time.monotonic() + 240  # guards against a hang only
     while True:
         assert proc.poll() is None, "the driver stopped before committing the new file"
         reader = CheckpointReader(str(checkpoint))
         for batch_id in reversed(reader.committed_batches()):
-            if any(Path(f.path).name == written.name for f in reader.batch_files(batch_id)):
+            files = reader.batch_files(batch_id, source_index)
+            if any(Path(f.path).name == written.name for f in files):
                 return batch_id
         assert time.monotonic() < deadline, f"no committed batch read {written.name}"
         time.sleep(0.05)
@@ -130,3 +133,62 @@ def test_sigkill_mid_stream_then_restart_balances(spark: Any, stream_dir: Path) 
     # windows ending at or before the last batch's watermark have been emitted or dropped
     expected = batch_window_counts(spark, stream_dir, "10 seconds", "10 seconds")
     assert_windows_balance(expected, output, late, last_offsets.watermark_ms)
+
+
+def test_sigkill_mid_join_then_restart_balances(spark: Any, stream_dir: Path) -> None:
+    """The same for a stream-stream join: per side, every late row once, and every batch whose
+    progress reached the history (a batch the kill interrupted before its progress was posted
+    has no count from Spark) has exactly as many late rows as Spark counted."""
+    from tests.test_audit_join_spark import PAIRS, ts
+
+    def write_pair(index: int) -> Path:
+        lrows, rrows = PAIRS[index]
+        if rrows:
+            write_events(stream_dir / "r", [{"rid": i, "rk": k, "rt": ts(s)} for i, k, s in rrows])
+        return write_events(
+            stream_dir / "l", [{"lid": i, "lk": k, "lt": ts(s)} for i, k, s in lrows]
+        )
+
+    (stream_dir / "l").mkdir()
+    (stream_dir / "r").mkdir()
+    for index in range(2):
+        write_pair(index)
+    first = _driver(stream_dir, "run", "join")
+    try:
+        _wait_for_status(_status_lines(first), lambda status: status["batches_audited"] >= 1)
+        last_file = write_pair(2)
+        _committed_batch_reading(stream_dir / "checkpoint", last_file, first)
+        first.send_signal(signal.SIGKILL)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.wait(30)
+    assert first.returncode == -signal.SIGKILL
+    for index in range(3, len(PAIRS)):
+        write_pair(index)
+    second = _driver(stream_dir, "finish", "join")
+    finished = _wait_for_status(_status_lines(second), lambda status: "done" in status)
+    assert second.wait(240) == 0
+    assert finished["done"] is True
+    with duckdb.connect(str(stream_dir / "history.duckdb"), read_only=True) as con:
+        late = con.execute(
+            "SELECT batch_id, join_side, row_data::VARCHAR FROM late_rows"
+        ).fetchall()
+        dropped = dict(
+            con.execute(
+                "SELECT batch_id, sum(rows_dropped_by_watermark) FROM operators GROUP BY batch_id"
+            ).fetchall()
+        )
+        marks = sorted(r[0] for r in con.execute("SELECT batch_id FROM audit_batches").fetchall())
+    assert marks == CheckpointReader(str(stream_dir / "checkpoint")).committed_batches()
+    ids = [
+        json.loads(data)["lid" if side == "left" else "rid"] for _, side, data in late
+    ]
+    assert len(ids) == len(set(ids)), "duplicated audit rows"
+    assert {side for _, side, _ in late} == {"left", "right"}
+    per_batch = Counter(batch for batch, _, _ in late)
+    assert sum(dropped.values()) > 0 and len(dropped) >= len(marks) - 2
+    for batch, count in dropped.items():
+        assert per_batch.get(batch, 0) == count, batch
+    output = spark.read.parquet(str(stream_dir / "out")).collect()
+    assert not {r["lid"] for r in output} & set(ids)

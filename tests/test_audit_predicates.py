@@ -12,17 +12,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from wmwatch._audit.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.predicates import (
+    AGGREGATE,
     DEDUPE,
     DEDUPE_WITHIN_WATERMARK,
+    JOIN,
+    SESSION,
+    STATE,
     WINDOW,
     OperatorSpec,
-    apply_overrides,
     batch_may_have_late_rows,
     earliest_window_end_us,
     is_late,
     late_windows,
-    parse_plan,
     windows_of,
 )
 from wmwatch._errors import AuditError
@@ -125,13 +128,21 @@ def test_skip_decision_examples() -> None:
     )
 
 
+def overridden(facts: ReplayPlan, **given: str | float | None) -> OperatorSpec:
+    options: dict[str, str | float | None] = dict.fromkeys(
+        ("kind", "event_time", "delay", "window", "slide")
+    )
+    options.update(given)
+    spec = apply_overrides(facts, **options).spec  # type: ignore[arg-type]
+    assert spec is not None
+    return spec
+
+
 def test_durations() -> None:
     facts = parse_plan(plan("tumbling"))
 
     def window_us(window: str | float) -> int | None:
-        return apply_overrides(
-            facts, kind=None, event_time=None, delay=None, window=window, slide=None
-        ).window_us
+        return overridden(facts, window=window).window_us
 
     assert window_us("10 seconds") == 10 * S
     assert window_us("1 minute 30 seconds") == 90 * S
@@ -177,30 +188,79 @@ def test_plans_that_drop_nothing_say_why() -> None:
     keys = parse_plan(plan("dedupe_without_event_time"))
     assert keys.spec is None and keys.problem and "without the event-time column" in keys.problem
     agg = parse_plan(plan("aggregate_by_key"))
-    assert agg.spec is None and agg.problem and "window" in agg.problem
+    assert agg.spec is None and agg.problem and "event time" in agg.problem
     none = parse_plan(plan("no_watermark"))
     assert none.spec is None and none.problem and "no watermark" in none.problem
 
 
-def test_plan_join_is_not_supported() -> None:
+def test_plan_join_sides() -> None:
     facts = parse_plan(plan("join"))
-    assert facts.spec is None and facts.problem
+    left, right = facts.inputs
+    assert (left.source_index, right.source_index) == (0, 1)
+    assert left.spec == OperatorSpec(JOIN, "ts", 10 * S, side="left")
+    assert right.spec == OperatorSpec(JOIN, "ts2", 10 * S, side="right")
+    assert left.join_keys == ("id",) and right.join_keys == ("id",)
 
 
 def test_overrides() -> None:
     facts = parse_plan(plan("tumbling"))
-    spec = apply_overrides(
-        facts, kind=None, event_time=None, delay=None, window="1 minute", slide=None
-    )
+    spec = overridden(facts, window="1 minute")
     assert (spec.window_us, spec.slide_us, spec.start_us) == (60 * S, 60 * S, 0)
-    spec = apply_overrides(
-        facts, kind="dedupe", event_time="event_at", delay=None, window=None, slide=None
-    )
+    spec = overridden(facts, kind="dedupe", event_time="event_at")
     assert spec == OperatorSpec(DEDUPE, "event_at", 10 * S)
-    blank = parse_plan(plan("join"))
+    blank = parse_plan(plan("no_watermark"))
     with pytest.raises(AuditError, match="kind="):
-        apply_overrides(blank, kind=None, event_time=None, delay=None, window=None, slide=None)
+        overridden(blank)
     with pytest.raises(AuditError, match="window"):
-        apply_overrides(blank, kind="window", event_time="ts", delay=None, window=None, slide=None)
+        overridden(blank, kind="window", event_time="ts")
+    with pytest.raises(AuditError, match="several"):
+        overridden(parse_plan(plan("join")), delay="5 seconds")
+    with pytest.raises(AuditError, match="gap"):
+        OperatorSpec(SESSION, "ts")
     with pytest.raises(AuditError, match="kind"):
-        OperatorSpec("session", "ts")
+        OperatorSpec("sessions", "ts")
+
+
+def test_plan_join_outer_with_time_range_and_renamed_key() -> None:
+    left, right = parse_plan(plan("join_left_outer_range")).inputs
+    # the range condition moves state eviction only: both sides judge their own column
+    assert left.spec == OperatorSpec(JOIN, "ts", 10 * S, side="left")
+    assert right.spec == OperatorSpec(JOIN, "ts2", 10 * S, side="right")
+    assert (left.join_keys, right.join_keys) == (("id",), ("rid",))
+
+
+def test_plan_join_side_without_watermark_drops_nothing() -> None:
+    left, right = parse_plan(plan("join_one_side")).inputs
+    assert left.spec is not None and left.spec.side == "left"
+    assert right.spec is None and not right.drops and "no watermark" in (right.reason or "")
+
+
+def test_plan_union_feeds_one_operator_from_two_sources() -> None:
+    facts = parse_plan(plan("union"))
+    assert [i.source_index for i in facts.audited] == [0, 1]
+    assert {i.spec for i in facts.audited} == {OperatorSpec(WINDOW, "ts", 10 * S, 10 * S, 10 * S)}
+
+
+def test_plan_session_window_and_raw_event_time() -> None:
+    assert parse_plan(plan("session")).spec == OperatorSpec(SESSION, "ts", 10 * S, gap_us=5 * S)
+    assert parse_plan(plan("raw_event_time")).spec == OperatorSpec(AGGREGATE, "ts", 10 * S)
+
+
+def test_plan_chain_audits_the_first_operator_above_the_source() -> None:
+    facts = parse_plan(plan("dedupe_then_window"))
+    assert facts.stateful_operators == ("Aggregate", "Deduplicate")
+    assert facts.spec == OperatorSpec(DEDUPE, "ts", 10 * S, operator_index=1)
+
+
+def test_plan_state_functions_drop_only_with_an_event_time_timeout() -> None:
+    assert parse_plan(plan("state_event_time")).spec == OperatorSpec(STATE, "ts", 10 * S)
+    silent = parse_plan(plan("state_no_timeout"))
+    assert silent.spec is None and not silent.inputs[0].drops
+
+
+def test_session_rule_judges_the_session_end() -> None:
+    spec = OperatorSpec(SESSION, "ts", gap_us=5 * S)
+    assert is_late(25 * S, 30_000, spec)  # session [25, 30) ends on the watermark
+    assert not is_late(25 * S + 1, 30_000, spec)
+    assert not batch_may_have_late_rows(spec, 30_000, 25_001)
+    assert batch_may_have_late_rows(spec, 30_000, 25_000)

@@ -41,6 +41,11 @@ def late(
         None if end_s is None else end_s * US,
         source,
         data,
+        "window",
+        0,
+        None,
+        0,
+        None,
     )
 
 
@@ -65,7 +70,6 @@ def write(
             run_id="run-1",
             batch_id=batch_id,
             late_wm_ms=None if wm_s is None else wm_s * 1000,
-            kind="window",
             found=found,
             sink=sink,
         ),

@@ -21,8 +21,8 @@ from wmwatch._inspect.joins import (
     analyze_growth,
     classify_join,
     cleanup_kind,
-    parse_plan_tree,
 )
+from wmwatch._plantext import parse_plan_tree
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

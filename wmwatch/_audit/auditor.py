@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from wmwatch._audit.checkpoint import CheckpointReader
@@ -63,6 +63,8 @@ class _Counters:
     latest_committed_batch: int | None = None
     oldest_pending_commit_mtime_seconds: float | None = None
     replay_seconds: float = 0.0
+    # (operator index, kind, join side) -> late rows found
+    by_operator: dict[tuple[int, str, str | None], int] = field(default_factory=dict)
 
 
 class Auditor:
@@ -76,11 +78,11 @@ class Auditor:
         label: str,
         run_id: str | None,
         checkpoint: CheckpointReader,
-        spec: OperatorSpec,
         sink: str,
         replayer: Replayer,
         history: AuditHistory | None,
         poll_interval_seconds: float,
+        progress_min_covers_inputs: bool = True,
     ) -> None:
         self.query_id = query_id
         self.query_name = query_name
@@ -88,11 +90,12 @@ class Auditor:
         # the run whose batches this audit follows: its end ends the audit
         self.run_id = run_id
         self.checkpoint = checkpoint
-        self.spec = spec
         self.sink = sink
         self.replayer = replayer
         self.history = history
         self.poll_interval_seconds = poll_interval_seconds
+        # whether progress' eventTime.min is the minimum over every input (one watermark node)
+        self.progress_min_covers_inputs = progress_min_covers_inputs
         self.progress_grace_seconds = 3.0
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -108,6 +111,11 @@ class Auditor:
         self.on_stop: Callable[[], None] | None = None
 
     # -- hooks (any thread) ----------------------------------------------------------------------
+
+    @property
+    def spec(self) -> OperatorSpec:
+        """The rule of the first replayed input (the only one for a single-source query)."""
+        return self.replayer.inputs[0].spec
 
     def note_progress(
         self, batch_id: int, min_event_time_ms: int | None, run_id: str | None, *, has_rows: bool
@@ -220,6 +228,22 @@ class Auditor:
                 "query": self.label,
                 "operator_kind": self.spec.kind,
                 "event_time_column": self.spec.event_time_column,
+                "inputs": [
+                    {
+                        "source_index": item.source.source_index,
+                        "operator_index": item.spec.operator_index,
+                        "kind": item.spec.kind,
+                        "side": item.spec.side,
+                        "event_time_column": item.spec.event_time_column,
+                    }
+                    for item in self.replayer.inputs
+                ],
+                "late_rows_by_operator": [
+                    {"operator_index": op, "kind": kind, "side": side, "rows": rows}
+                    for (op, kind, side), rows in sorted(
+                        c.by_operator.items(), key=lambda kv: (kv[0][0], kv[0][2] or "")
+                    )
+                ],
                 "sink": self.sink,
                 "running": self._thread is not None and self._thread.is_alive(),
                 "batches_audited": c.batches_audited,
@@ -311,10 +335,17 @@ class Auditor:
             info = self._progress.get(batch_id)
         min_ms = info.min_event_time_ms if info is not None else None
         run_id = info.run_id if info is not None else None
-        files = self.checkpoint.batch_files(batch_id, self.replayer.source.source_index)
+        if not self.progress_min_covers_inputs:
+            min_ms = None  # replay every batch that read data
+        reads = [
+            (item, what)
+            for item in self.replayer.inputs
+            if (what := item.source.batch_input(self.checkpoint, batch_id)) is not None
+        ]
         if (
-            files
+            reads
             and min_ms is None
+            and self.progress_min_covers_inputs
             and late_wm_ms is not None
             and self._progress_may_come(batch_id)
         ):
@@ -322,11 +353,13 @@ class Auditor:
             # usually saves the whole replay, so give it a moment instead of racing it.
             return False
         if (
-            not files
+            not reads
             or (
                 info is not None
                 and min_ms is not None
-                and not batch_may_have_late_rows(self.spec, late_wm_ms, min_ms)
+                and not any(
+                    batch_may_have_late_rows(item.spec, late_wm_ms, min_ms) for item, _ in reads
+                )
             )
             or late_wm_ms is None
         ):
@@ -335,7 +368,7 @@ class Auditor:
         started = time.perf_counter()
         found = self.replayer.replay(
             batch_id,
-            [f.path for f in files],
+            reads,
             run_id,
             late_wm_ms,
             sink=self.sink,
@@ -371,7 +404,6 @@ class Auditor:
                 run_id=run_id,
                 batch_id=batch_id,
                 late_wm_ms=late_wm_ms,
-                kind=self.spec.kind,
                 found=found,
                 sink=self.sink,
             )
@@ -380,6 +412,9 @@ class Auditor:
             c = self._counters
             c.batches_audited += 1
             c.late_rows += found.total
+            for count in found.by_input:
+                key = (count.operator_index, count.kind, count.side)
+                c.by_operator[key] = c.by_operator.get(key, 0) + count.rows
             if found.over_cap:
                 c.batches_over_cap += 1
                 c.late_rows_over_cap += found.over_cap

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -29,8 +29,13 @@ class _QueryTotals:
     late_rows_over_cap: int = 0
     batches_over_cap: int = 0
     errors: int = 0
+    # (operator index, kind, join side) -> late rows
+    by_operator: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
     def add(self, status: dict[str, Any]) -> None:
+        for item in status["late_rows_by_operator"]:
+            key = (str(item["operator_index"]), str(item["kind"]), item["side"] or "")
+            self.by_operator[key] = self.by_operator.get(key, 0) + int(item["rows"])
         self.late_rows += int(status["late_rows"])
         self.late_rows_over_cap += int(status["late_rows_over_cap"])
         self.batches_over_cap += int(status["batches_over_cap"])
@@ -98,6 +103,12 @@ class AuditPlugin(WatchPlugin):
             "Input rows the audit found dropped as late.",
             labels=["query"],
         )
+        by_operator = CounterMetricFamily(
+            "wmwatch_late_rows_audited_by_operator",
+            "Input rows the audit found dropped as late, per stateful operator (its index in the "
+            "progress' stateOperators, its kind) and join side (empty for other operators).",
+            labels=["query", "operator", "kind", "side"],
+        )
         over_cap = CounterMetricFamily(
             "wmwatch_late_rows_over_cap",
             "Late rows found in batches over max_rows_per_batch and not kept in DuckDB.",
@@ -121,7 +132,10 @@ class AuditPlugin(WatchPlugin):
         )
         with self._lock:
             running = list(self._running.values())
-            totals = {label: replace(t) for label, t in self._ended.items()}
+            totals = {
+                label: replace(t, by_operator=dict(t.by_operator))
+                for label, t in self._ended.items()
+            }
         lags: dict[str, tuple[float, float]] = {}
         for auditor in running:
             status = auditor.status()
@@ -129,13 +143,15 @@ class AuditPlugin(WatchPlugin):
             lags[auditor.label] = (float(status["lag_batches"]), float(status["lag_seconds"]))
         for label, t in sorted(totals.items()):
             late.add_metric([label], float(t.late_rows))
+            for (operator, kind, side), rows in sorted(t.by_operator.items()):
+                by_operator.add_metric([label, operator, kind, side], float(rows))
             over_cap.add_metric([label], float(t.late_rows_over_cap))
             storms.add_metric([label], float(t.batches_over_cap))
             errors.add_metric([label], float(t.errors))
         for label, (batches, seconds) in sorted(lags.items()):
             lag_b.add_metric([label], batches)
             lag_s.add_metric([label], seconds)
-        return [late, over_cap, storms, lag_b, lag_s, errors]
+        return [late, by_operator, over_cap, storms, lag_b, lag_s, errors]
 
     def close(self) -> None:
         for auditor in self.running():

@@ -7,7 +7,18 @@ tests/test_audit_spark.py):
 - a windowed aggregation drops a row for a window when ``window.end <= watermark``; a sliding
   window is judged per window, so one row can be dropped for some windows and kept for others;
 - ``dropDuplicates`` with the event time in its keys and ``dropDuplicatesWithinWatermark`` drop a
-  row when ``event_time <= watermark``.
+  row when ``event_time <= watermark``;
+- each side of a stream-stream join drops its own input row when that side's event time is
+  ``<= watermark`` (the same watermark on both sides; a time-range condition moves only the
+  state's eviction, not this filter);
+- a session window drops a row when its session would end by the watermark:
+  ``event_time + gap <= watermark``;
+- an aggregation keyed by the event-time column itself, and ``(flat)MapGroupsWithState`` /
+  ``applyInPandasWithState`` with an event-time timeout and ``transformWithState`` in event-time
+  mode, drop a row when ``event_time <= watermark``.
+
+docs/spark-semantics.md has each rule with the Spark source it comes from and the test that
+verifies it.
 
 Timestamps are integers in microseconds (``*_us``) as Spark holds them; watermarks are in
 milliseconds (``*_ms``) as the checkpoint writes them.
@@ -15,16 +26,23 @@ milliseconds (``*_ms``) as the checkpoint writes them.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from wmwatch._errors import AuditError
 from wmwatch._time import parse_duration_us
 
 WINDOW = "window"
+SESSION = "session"
+AGGREGATE = "aggregate"
 DEDUPE = "dedupe"
 DEDUPE_WITHIN_WATERMARK = "dedupe_within_watermark"
-KINDS = (WINDOW, DEDUPE, DEDUPE_WITHIN_WATERMARK)
+JOIN = "join"
+STATE = "state"
+KINDS = (WINDOW, SESSION, AGGREGATE, DEDUPE, DEDUPE_WITHIN_WATERMARK, JOIN, STATE)
+# Kinds whose Spark count (numRowsDroppedByWatermark) is of groups after partial aggregation, so
+# they balance per group against a recomputation rather than row for row.
+AGGREGATING_KINDS = (WINDOW, SESSION, AGGREGATE)
+SIDES = ("left", "right")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +55,20 @@ class OperatorSpec:
     window_us: int | None = None
     slide_us: int | None = None
     start_us: int = 0
+    gap_us: int | None = None
+    # which stateful operator (its position in progress ``stateOperators``) and join side
+    operator_index: int = 0
+    side: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise AuditError(
                 f"operator kind {self.kind!r} is unknown; use one of {', '.join(KINDS)}."
             )
+        if self.side is not None and self.side not in SIDES:
+            raise AuditError(f"join side {self.side!r} is unknown; use left or right.")
+        if self.kind == SESSION and (self.gap_us is None or self.gap_us <= 0):
+            raise AuditError("a session window needs a positive gap; pass gap=.")
         if self.kind == WINDOW:
             if not self.window_us or self.window_us <= 0:
                 raise AuditError(
@@ -103,13 +129,22 @@ def late_windows(
     ]
 
 
+def judged_time_us(ts_us: int, spec: OperatorSpec) -> int:
+    """The time the operator compares with the watermark for a row at ``ts_us`` (for windows,
+    the end of the row's oldest window; for sessions, the end of the row's own session)."""
+    if spec.kind == WINDOW:
+        return earliest_window_end_us(ts_us, spec)
+    if spec.kind == SESSION:
+        assert spec.gap_us is not None
+        return ts_us + spec.gap_us
+    return ts_us
+
+
 def is_late(ts_us: int | None, late_watermark_ms: int | None, spec: OperatorSpec) -> bool:
     """Whether the operator drops this row (for windows: for at least one of its windows)."""
     if ts_us is None or late_watermark_ms is None:
         return False
-    if spec.kind == WINDOW:
-        return bool(late_windows(ts_us, late_watermark_ms, spec))
-    return ts_us <= late_watermark_ms * 1000
+    return judged_time_us(ts_us, spec) <= late_watermark_ms * 1000
 
 
 def batch_may_have_late_rows(
@@ -124,163 +159,36 @@ def batch_may_have_late_rows(
         return False
     if min_event_time_ms is None:
         return True
-    if spec.kind == WINDOW:
-        return earliest_window_end_us(min_event_time_ms * 1000, spec) <= late_watermark_ms * 1000
-    return min_event_time_ms <= late_watermark_ms
+    return judged_time_us(min_event_time_ms * 1000, spec) <= late_watermark_ms * 1000
 
 
-# -- the plan ----------------------------------------------------------------------------------
-
-_WATERMARK_NODE = re.compile(
-    r"EventTimeWatermark [0-9a-f-]+, ([^\n]+?)#\d+: [a-z_]+, ([^\n]+?)\s*$", re.M
-)
-_WATERMARKED_ATTR = re.compile(r"([^\s,\[\]()]+)#\d+-T\d+ms")
-_STATEFUL = re.compile(
-    r"^[\s:+|-]*~?(Aggregate|Deduplicate|DeduplicateWithinWatermark|Join|FlatMapGroupsWithState|"
-    r"TransformWithState\w*|FlatMapGroupsInPandasWithState|SessionWindow\w*)\b(.*)$",
-    re.M,
-)
-_SLIDE = re.compile(r"% (\d+)\)")
-_OFFSET = re.compile(r"- (-?\d+)\) % \d+\)")
-_WINDOW_LEN = re.compile(r"\+ (\d+)\), LongType, TimestampType\)")
 
 
-def parse_window_expression(plan_text: str) -> tuple[int, int, int]:
-    """(window_us, slide_us, start_us) from the analysed ``window()`` arithmetic in a plan."""
-    slides = {int(v) for v in _SLIDE.findall(plan_text)}
-    lengths = {int(v) for v in _WINDOW_LEN.findall(plan_text)}
-    offsets = {int(v) for v in _OFFSET.findall(plan_text)}
-    if len(slides) != 1 or len(lengths) != 1 or len(offsets) > 1:
-        raise AuditError(
-            "cannot read the window length and slide from the query plan; pass window= and "
-            "slide= (and kind='window') to audit()."
-        )
-    return lengths.pop(), slides.pop(), offsets.pop() if offsets else 0
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayPlan:
-    """What a query's plan says about replaying it: the operator whose late-row rule the audit
-    applies (``spec``), or, when there is none it can audit, the ``problem``."""
-
-    spec: OperatorSpec | None
-    watermark_column: str | None
-    delay_us: int | None
-    stateful_operators: tuple[str, ...]
-    problem: str | None = None
-
-
-def parse_plan(plan_text: str) -> ReplayPlan:
-    """Read the operator the audit needs from a streaming query's analysed logical plan text.
-
-    The audited operator is the first stateful operator above the source (the deepest in the
-    printed tree): it is the one that sees input rows.
-    """
-    wm = _WATERMARK_NODE.search(plan_text)
-    watermark_column = wm.group(1) if wm else None
-    delay_us = None
-    if wm:
-        try:
-            delay_us = parse_duration_us(wm.group(2))
-        except ValueError:
-            delay_us = None
-    if len(_WATERMARK_NODE.findall(plan_text)) > 1:
-        return ReplayPlan(
-            None, watermark_column, delay_us, (), "the query has more than one watermark"
-        )
-    lines = plan_text.splitlines()
-    stateful: list[tuple[int, str, str]] = []
-    for index, line in enumerate(lines):
-        m = _STATEFUL.match(line)
-        if m:
-            stateful.append((index, m.group(1), m.group(2)))
-    names = tuple(name for _, name, _ in stateful)
-    if not stateful:
-        return ReplayPlan(
-            None, watermark_column, delay_us, names, "the query has no stateful operator"
-        )
-    if watermark_column is None:
-        return ReplayPlan(
-            None, None, None, names, "the query has no watermark, so it drops no late rows"
-        )
-    index, name, rest = stateful[-1]
-    if name == "DeduplicateWithinWatermark":
-        spec = OperatorSpec(DEDUPE_WITHIN_WATERMARK, watermark_column, delay_us)
-        return ReplayPlan(spec, watermark_column, delay_us, names)
-    if name == "Deduplicate":
-        keys = _WATERMARKED_ATTR.findall(rest)
-        if not keys:
-            return ReplayPlan(
-                None,
-                watermark_column,
-                delay_us,
-                names,
-                "dropDuplicates without the event-time column in its keys drops no late rows",
-            )
-        return ReplayPlan(
-            OperatorSpec(DEDUPE, keys[0], delay_us), watermark_column, delay_us, names
-        )
-    if name == "Aggregate":
-        grouping = rest.split("], [", 1)[0]
-        keys = _WATERMARKED_ATTR.findall(grouping)
-        if not keys:
-            return ReplayPlan(
-                None,
-                watermark_column,
-                delay_us,
-                names,
-                "the aggregation does not group by an event-time window, so it drops no late rows",
-            )
-        # The window struct is built by the Project or Expand right below the aggregate.
-        below = "\n".join(lines[index + 1 : index + 4])
-        if keys[0] == watermark_column or "precisetimestampconversion" not in below:
-            return ReplayPlan(
-                None,
-                watermark_column,
-                delay_us,
-                names,
-                "the aggregation groups by the event-time column itself rather than a window()",
-            )
-        try:
-            window_us, slide_us, start_us = parse_window_expression(below)
-        except AuditError as exc:
-            return ReplayPlan(None, watermark_column, delay_us, names, str(exc))
-        spec = OperatorSpec(WINDOW, watermark_column, delay_us, window_us, slide_us, start_us)
-        return ReplayPlan(spec, watermark_column, delay_us, names)
-    return ReplayPlan(
-        None,
-        watermark_column,
-        delay_us,
-        names,
-        f"the first stateful operator is {name}, which the audit does not support "
-        "(supported: window aggregations, dropDuplicates with the event time, "
-        "dropDuplicatesWithinWatermark)",
-    )
-
-
-def apply_overrides(
-    plan: ReplayPlan,
+def override_spec(
+    spec: OperatorSpec | None,
+    watermark_column: str | None,
+    plan_delay_us: int | None,
     *,
     kind: str | None,
     event_time: str | None,
     delay: str | float | None,
     window: str | float | None,
     slide: str | float | None,
+    problem: str | None,
 ) -> OperatorSpec:
-    """The plan's spec with explicit keyword overrides; raises AuditError when still incomplete."""
-    spec = plan.spec
+    """``spec`` (read off the plan) with explicit overrides; AuditError when still incomplete."""
     if spec is None and kind is None:
         raise AuditError(
-            f"cannot audit this query: {plan.problem or 'its plan is not understood'}; "
+            f"cannot audit this query: {problem or 'its plan is not understood'}; "
             "pass kind=, event_time= (and window=, slide= for windows) if it does drop late rows."
         )
     chosen_kind = kind or (spec.kind if spec else None)
     assert chosen_kind is not None
-    column = event_time or (spec.event_time_column if spec else None) or plan.watermark_column
+    column = event_time or (spec.event_time_column if spec else None) or watermark_column
     if column is None:
         raise AuditError("the event-time column is unknown; pass event_time=.")
     delay_us = (
-        _duration_us(delay) if delay is not None else (spec.delay_us if spec else plan.delay_us)
+        _duration_us(delay) if delay is not None else (spec.delay_us if spec else plan_delay_us)
     )
     window_us = _duration_us(window) if window is not None else (spec.window_us if spec else None)
     if slide is not None:
@@ -290,6 +198,19 @@ def apply_overrides(
     else:
         slide_us = spec.slide_us if spec else None
     start_us = spec.start_us if spec and window is None else 0
+    operator_index = spec.operator_index if spec else 0
+    side = spec.side if spec else None
     if chosen_kind != WINDOW:
-        return OperatorSpec(chosen_kind, column, delay_us)
-    return OperatorSpec(WINDOW, column, delay_us, window_us, slide_us, start_us)
+        window_us = slide_us = None
+        start_us = 0
+    return OperatorSpec(
+        chosen_kind,
+        column,
+        delay_us,
+        window_us,
+        slide_us,
+        start_us,
+        gap_us=spec.gap_us if spec else None,
+        operator_index=operator_index,
+        side=side,
+    )

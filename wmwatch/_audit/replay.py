@@ -9,18 +9,17 @@ under a deadline (:mod:`wmwatch._core.spark_jobs`) in the audit's own scheduler 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
-import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from wmwatch._audit.predicates import WINDOW, OperatorSpec
-from wmwatch._audit.sinks import LATE_ROW_COLUMNS, BatchLateRows, LateRow
-from wmwatch._audit.source import FileSourceSpec
+from wmwatch._audit.predicates import SESSION, WINDOW, OperatorSpec
+from wmwatch._audit.sinks import LATE_ROW_COLUMNS, BatchLateRows, InputCount, LateRow
+from wmwatch._audit.source import SOURCE_FILE_COL, BatchSource
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError, ConfigError
 
@@ -30,15 +29,31 @@ log = logging.getLogger("wmwatch.audit")
 CHUNK_BYTES = 32 * 1024 * 1024
 # Bytes a late row costs besides row_data (three longs, the source path, Python objects).
 _ROW_OVERHEAD_BYTES = 256
-_SOURCE_FILE_COL = "__wmwatch_source_file"
 _WINDOW_COL = "__wmwatch_window"
+_INPUT_COLUMNS = ("operator_index", "operator_kind", "join_side", "source_index")
 
 # stage(batch_id, attempt, rows) -> rows staged: writes one chunk and waits until it is written
 Stage = Callable[[int, str, list[LateRow]], int]
 
 
+@dataclass(frozen=True)
+class ReplayInput:
+    """One input the audit replays: a source, how its rows become the operator's input
+    (``prepare``), and the late-row rule of the stateful operator (and join side) it feeds."""
+
+    source: BatchSource
+    spec: OperatorSpec
+    prepare: Callable[[Any], Any] | None = None
+    join_keys: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        side = f" {self.spec.side} side" if self.spec.side else ""
+        return f"operator {self.spec.operator_index} ({self.spec.kind}{side})"
+
+
 class Replayer:
-    """Replays the batches of one query's file source and applies its operator's late-row rule."""
+    """Replays a query's batches, input by input, and applies each input's late-row rule."""
 
     def __init__(
         self,
@@ -47,9 +62,7 @@ class Replayer:
         query_id: str,
         query_name: str | None,
         label: str,
-        source: FileSourceSpec,
-        spec: OperatorSpec,
-        prepare: Callable[[Any], Any] | None,
+        inputs: Sequence[ReplayInput],
         columns: Sequence[str] | None,
         hash_columns: Sequence[str],
         parquet_path: str | None,
@@ -62,9 +75,7 @@ class Replayer:
         self.query_id = query_id
         self.query_name = query_name
         self.label = label
-        self.source = source
-        self.spec = spec
-        self.prepare = prepare
+        self.inputs = tuple(inputs)
         self.columns = tuple(columns) if columns is not None else None
         self.hash_columns = tuple(hash_columns)
         self.parquet_path = parquet_path
@@ -81,69 +92,68 @@ class Replayer:
     def replay(
         self,
         batch_id: int,
-        paths: list[str],
+        reads: Sequence[tuple[ReplayInput, Any]],
         run_id: str | None,
         late_wm_ms: int,
         *,
         sink: str,
         stage: Stage,
     ) -> BatchLateRows:
-        """The late rows of one batch that read ``paths``, under the late-row watermark."""
+        """The late rows of one batch under the late-row watermark; ``reads`` pairs each input
+        that read data in the batch with what its source needs to read that data again."""
         with bounded_job(
             self.spark,
             description=f"wmwatch audit of {self.label} batch {batch_id}",
             timeout_seconds=self.job_timeout_seconds,
             pool=self.pool,
         ):
-            late = self.late_rows_frame(paths, late_wm_ms)
+            frames = [
+                self.late_rows_frame(item, item.source.read(self.spark, what), late_wm_ms)
+                for item, what in reads
+            ]
+            late = frames[0]
+            for frame in frames[1:]:
+                late = late.unionByName(frame)
             if sink == "parquet":
-                return BatchLateRows.all_in_parquet(
-                    self.write_parquet(late, batch_id, run_id, late_wm_ms)[0],
-                    self.parquet_dir(batch_id),
+                total = self.write_parquet(late, batch_id, run_id, late_wm_ms)[0]
+                return BatchLateRows(
+                    total=total,
+                    parquet_location=self.parquet_dir(batch_id),
+                    by_input=self.input_counts(
+                        self.spark.read.parquet(self.parquet_dir(batch_id)), reads
+                    )
+                    if total
+                    else (),
                 )
-            return self.fetch(late, batch_id, run_id, late_wm_ms, stage)
+            return self.fetch(late, batch_id, run_id, late_wm_ms, stage, reads)
 
-    def late_rows_frame(self, paths: list[str], late_wm_ms: int) -> Any:
-        """A DataFrame of the late rows among ``paths``, in :data:`LATE_ROW_COLUMNS`."""
+    def late_rows_frame(self, item: ReplayInput, raw: Any, late_wm_ms: int) -> Any:
+        """A DataFrame of the late rows of one input's raw rows, in :data:`LATE_ROW_COLUMNS`."""
         from pyspark.sql import functions as F
-        from pyspark.sql.types import StructType
 
-        src = self.source
-        reader = self.spark.read.format(src.format).schema(
-            StructType.fromJson(json.loads(src.schema_json))
-        )
-        options = {k: v for k, v in src.options.items() if k.lower() not in ("path", "paths")}
-        if (
-            len(src.paths) == 1
-            and not re.search(r"[*?\[{]", src.paths[0])
-            and "basePath" not in options
-        ):
-            # Keeps partition columns (dir/key=value/file) when single files are read.
-            options["basePath"] = src.paths[0]
-        raw = reader.options(**options).load(paths)
-        raw = raw.withColumn(_SOURCE_FILE_COL, F.col("_metadata.file_path"))
-        frame = self.prepare(raw) if self.prepare is not None else raw
-        has_source = _SOURCE_FILE_COL in frame.columns
-        own_columns = [c for c in frame.columns if c != _SOURCE_FILE_COL]
-        ts_name = self.spec.event_time_column
+        frame = item.prepare(raw) if item.prepare is not None else raw
+        has_source = SOURCE_FILE_COL in frame.columns
+        own_columns = [c for c in frame.columns if c != SOURCE_FILE_COL]
+        spec = item.spec
+        ts_name = spec.event_time_column
         if ts_name not in frame.columns:
             raise AuditError(
                 f"the replayed rows have no column {ts_name!r}; pass event_time= or a prepare= "
                 "that produces the column the watermark is on."
             )
         if self.columns is not None:
-            missing = [c for c in self.columns if c not in own_columns]
-            if missing:
-                raise ConfigError(f"columns= names {missing} that the events do not have.")
-            own_columns = list(self.columns)
+            if len(self.inputs) == 1:
+                missing = [c for c in self.columns if c not in own_columns]
+                if missing:
+                    raise ConfigError(f"columns= names {missing} that the events do not have.")
+            own_columns = [c for c in self.columns if c in own_columns]
         ts = F.col(ts_name).cast("timestamp")
         watermark = F.timestamp_millis(F.lit(late_wm_ms))
-        # A late row is never newer than the watermark (a window ends after each of its rows),
-        # and this form of the predicate reaches the file reader: Parquet and ORC skip row
-        # groups, JSON and CSV skip converting most of each row.
+        # A late row is never newer than the watermark (a window or session ends after each of
+        # its rows), and this form of the predicate reaches the file reader: Parquet and ORC
+        # skip row groups, JSON and CSV skip converting most of each row.
         frame = frame.where(ts <= watermark)
-        if self.spec.kind == WINDOW:
-            spec = self.spec
+        if spec.kind == WINDOW:
             window = F.window(
                 ts,
                 f"{spec.window_us} microseconds",
@@ -155,6 +165,13 @@ class Replayer:
             )
             window_start = F.unix_micros(F.col(f"{_WINDOW_COL}.start"))
             window_end = F.unix_micros(F.col(f"{_WINDOW_COL}.end"))
+        elif spec.kind == SESSION:
+            # the session the row opens on its own: [ts, ts + gap); Spark drops the row when
+            # that session would have ended by the watermark
+            assert spec.gap_us is not None
+            window_start = F.unix_micros(ts)
+            window_end = window_start + F.lit(spec.gap_us)
+            frame = frame.where(window_end <= F.lit(late_wm_ms * 1000))
         else:
             window_start = F.lit(None).cast("bigint")
             window_end = F.lit(None).cast("bigint")
@@ -176,20 +193,42 @@ class Replayer:
                 )
             ),
         ).otherwise(row_json)
+        keys = [k for k in item.join_keys if k in frame.columns]
+        join_key = (
+            F.to_json(F.struct(*[F.col(k) for k in keys])) if keys else F.lit(None).cast("string")
+        )
         return frame.select(
             F.unix_micros(ts).alias("event_time_us"),
             window_start.alias("window_start_us"),
             window_end.alias("window_end_us"),
             (
-                F.regexp_replace(F.col(_SOURCE_FILE_COL), "^file:/+", "/")
+                F.regexp_replace(F.col(SOURCE_FILE_COL), "^file:/+", "/")
                 if has_source
                 else F.lit(None).cast("string")
             ).alias("source_file"),
             row_data.alias("row_data"),
+            F.lit(spec.kind).alias("operator_kind"),
+            F.lit(spec.operator_index).cast("int").alias("operator_index"),
+            F.lit(spec.side).cast("string").alias("join_side"),
+            F.lit(item.source.source_index).cast("int").alias("source_index"),
+            join_key.alias("join_key"),
         )
 
+    def input_counts(
+        self, late: Any, reads: Sequence[tuple[ReplayInput, Any]]
+    ) -> tuple[InputCount, ...]:
+        """Every late row of the batch counted per input (one small aggregation)."""
+        groups = late.groupBy(*_INPUT_COLUMNS).count().collect()
+        return _counts({_group_key(g): int(g["count"]) for g in groups}, reads)
+
     def fetch(
-        self, late: Any, batch_id: int, run_id: str | None, late_wm_ms: int, stage: Stage
+        self,
+        late: Any,
+        batch_id: int,
+        run_id: str | None,
+        late_wm_ms: int,
+        stage: Stage,
+        reads: Sequence[tuple[ReplayInput, Any]],
     ) -> BatchLateRows:
         """The batch's late rows for DuckDB, never more than one chunk in the driver at once.
 
@@ -201,7 +240,9 @@ class Replayer:
         first_rows = max(1, CHUNK_BYTES // (self.max_row_bytes + _ROW_OVERHEAD_BYTES))
         head = [tuple(r) for r in late.limit(first_rows + 1).collect()]
         if len(head) <= min(first_rows, self.max_rows_per_batch):
-            return BatchLateRows(total=len(head), rows=head)
+            return BatchLateRows(
+                total=len(head), rows=head, by_input=_counts(_count_rows(head), reads)
+            )
         del head
         from pyspark.sql import functions as F
 
@@ -212,11 +253,19 @@ class Replayer:
             total, data_bytes = self.write_parquet(late, batch_id, run_id, late_wm_ms)
             overflow = self.parquet_dir(batch_id)
             late = self.spark.read.parquet(overflow).select(*LATE_ROW_COLUMNS)
+            by_input = self.input_counts(late, reads)
         else:
-            totals = late.agg(
-                F.count(F.lit(1)).alias("rows"), F.sum(F.octet_length("row_data")).alias("bytes")
-            ).collect()[0]
-            total, data_bytes = int(totals["rows"]), int(totals["bytes"] or 0)
+            groups = (
+                late.groupBy(*_INPUT_COLUMNS)
+                .agg(
+                    F.count(F.lit(1)).alias("rows"),
+                    F.sum(F.octet_length("row_data")).alias("bytes"),
+                )
+                .collect()
+            )
+            total = sum(int(g["rows"]) for g in groups)
+            data_bytes = sum(int(g["bytes"] or 0) for g in groups)
+            by_input = _counts({_group_key(g): int(g["rows"]) for g in groups}, reads)
         kept = min(total, self.max_rows_per_batch)
         row_bytes = data_bytes // max(total, 1) + _ROW_OVERHEAD_BYTES
         chunk_rows = max(1, CHUNK_BYTES // row_bytes)
@@ -250,7 +299,11 @@ class Replayer:
             else f"{total - staged:,} counted only (set parquet_path= to keep every row)",
         )
         return BatchLateRows(
-            total=total, attempt=attempt, staged=staged, overflow_location=overflow
+            total=total,
+            attempt=attempt,
+            staged=staged,
+            overflow_location=overflow,
+            by_input=by_input,
         )
 
     def parquet_dir(self, batch_id: int) -> str:
@@ -276,10 +329,14 @@ class Replayer:
             ((F.lit(late_wm_ms * 1000) - F.col("event_time_us")) / 1e6).alias("lateness_seconds"),
             "window_start_us",
             "window_end_us",
-            F.lit(self.spec.kind).alias("operator_kind"),
+            "operator_kind",
             "source_file",
             "row_data",
             F.lit(audited_at_us).cast("bigint").alias("audited_at_us"),
+            "operator_index",
+            "join_side",
+            "source_index",
+            "join_key",
         )
         written = Observation(f"wmwatch_audit_{batch_id}_{uuid.uuid4().hex[:8]}")
         observed = out.observe(
@@ -290,3 +347,42 @@ class Replayer:
         # Overwrite makes a re-run after a crash replace, not add to, what a first attempt wrote.
         observed.write.mode("overwrite").parquet(directory)
         return int(written.get["rows"]), int(written.get["bytes"] or 0)
+
+
+_InputKey = tuple[int, str, str | None, int]
+
+
+def _group_key(group: Any) -> _InputKey:
+    """The input a row of a per-input aggregation stands for."""
+    return (
+        int(group["operator_index"]),
+        str(group["operator_kind"]),
+        group["join_side"],
+        int(group["source_index"]),
+    )
+
+
+def _count_rows(rows: Sequence[LateRow]) -> dict[_InputKey, int]:
+    at = {name: LATE_ROW_COLUMNS.index(name) for name in _INPUT_COLUMNS}
+    counted: dict[_InputKey, int] = {}
+    for row in rows:
+        key = (
+            int(row[at["operator_index"]]),
+            str(row[at["operator_kind"]]),
+            row[at["join_side"]],
+            int(row[at["source_index"]]),
+        )
+        counted[key] = counted.get(key, 0) + 1
+    return counted
+
+
+def _counts(
+    counted: dict[_InputKey, int], reads: Sequence[tuple[ReplayInput, Any]]
+) -> tuple[InputCount, ...]:
+    """One count per input that was replayed (zero when it lost no row), in input order."""
+    out = []
+    for item, _ in reads:
+        spec = item.spec
+        key = (spec.operator_index, spec.kind, spec.side, item.source.source_index)
+        out.append(InputCount(key[0], key[1], key[2], key[3], counted.get(key, 0)))
+    return tuple(out)

@@ -145,6 +145,10 @@ _LATE_COLUMNS = (
     "window_start_at",
     "window_end_at",
     "source_file",
+    "operator_kind",
+    "operator_index",
+    "join_side",
+    "join_key",
 )
 _LATENESS_BUCKETS: tuple[tuple[str, float], ...] = (
     ("< 1s", 1.0),
@@ -340,6 +344,54 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
         ),
         lambda r: {"source_file": r["source_file"], "late_rows": r["late_rows"]},
     )
+    # every late row found per operator and join side, from the markers (rows over the cap too)
+    by_operator = grouped(
+        named_rows(
+            con,
+            """
+            WITH first_ids AS (SELECT f[1] AS query_id, f[2]::BIGINT AS first_id
+                               FROM (SELECT unnest($1::VARCHAR[][]) AS f)),
+            inputs AS (
+                SELECT a.query_id, unnest(from_json(a.late_rows_by_input,
+                    '[{"operator_index": "INTEGER", "kind": "VARCHAR", "side": "VARCHAR",
+                       "source_index": "INTEGER", "rows": "BIGINT"}]')) AS i
+                FROM audit_batches a JOIN first_ids USING (query_id)
+                WHERE a.batch_id >= first_ids.first_id AND a.late_rows_by_input IS NOT NULL)
+            SELECT query_id, i.operator_index AS operator_index, i.kind AS kind, i.side AS side,
+                   sum(i.rows) AS late_rows
+            FROM inputs GROUP BY ALL ORDER BY query_id, operator_index, side NULLS FIRST
+            """,
+            (first_ids,),
+        ),
+        lambda r: {
+            "operator_index": r["operator_index"],
+            "kind": r["kind"],
+            "side": r["side"],
+            "late_rows": int(r["late_rows"]),
+        },
+    )
+    # the join keys whose matches the late rows lost, per side (rows that were kept)
+    lost_matches = grouped(
+        named_rows(
+            con,
+            scoped
+            + """
+            SELECT query_id, operator_index, join_side, join_key, count(*) AS late_rows
+            FROM late WHERE join_key IS NOT NULL
+            GROUP BY query_id, operator_index, join_side, join_key
+            QUALIFY row_number() OVER (PARTITION BY query_id, operator_index, join_side
+                                       ORDER BY late_rows DESC, join_key) <= 5
+            ORDER BY query_id, operator_index, join_side, late_rows DESC
+            """,
+            params,
+        ),
+        lambda r: {
+            "operator_index": r["operator_index"],
+            "side": r["join_side"],
+            "join_key": r["join_key"],
+            "late_rows": r["late_rows"],
+        },
+    )
     result: dict[str, Any] = {}
     for row in totals:
         qid = row["query_id"]
@@ -364,6 +416,8 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
             "top_batches": per_batch.get(qid, []),
             "top_windows": per_window.get(qid, []),
             "top_sources": sources.get(qid, []),
+            "by_operator": by_operator.get(qid, []),
+            "lost_matches": lost_matches.get(qid, []),
             "missing_parquet_locations": missing,
         }
     for qid, entry in result.items():
@@ -427,6 +481,26 @@ def render_late_rows(data: Mapping[str, Any]) -> Table:
                 else "every row kept in Parquet; "
             )
             + "the figures below describe the kept rows",
+        )
+    operators = data.get("by_operator") or []
+    if len(operators) > 1 or any(o["side"] for o in operators):
+        table.add_row(
+            "by operator",
+            "\n".join(
+                f"operator {o['operator_index']} {o['kind']}"
+                + (f" {o['side']} side" if o["side"] else "")
+                + f": {o['late_rows']:,}"
+                for o in operators
+            ),
+        )
+    if data.get("lost_matches"):
+        table.add_row(
+            "lost matches",
+            "\n".join(
+                f"operator {m['operator_index']} {m['side']} side, key {m['join_key']}: "
+                f"{m['late_rows']:,} late rows"
+                for m in data["lost_matches"]
+            ),
         )
     table.add_row(
         "lateness",

@@ -9,6 +9,7 @@ and moved with the marker.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,11 +28,47 @@ LATE_ROW_COLUMNS = (
     "window_end_us",
     "source_file",
     "row_data",
+    "operator_kind",
+    "operator_index",
+    "join_side",
+    "source_index",
+    "join_key",
 )
-_LATE_ROW_TYPES = ("BIGINT", "BIGINT", "BIGINT", "VARCHAR", "VARCHAR")
+_LATE_ROW_TYPES = (
+    "BIGINT",
+    "BIGINT",
+    "BIGINT",
+    "VARCHAR",
+    "VARCHAR",
+    "VARCHAR",
+    "INTEGER",
+    "VARCHAR",
+    "INTEGER",
+    "VARCHAR",
+)
 _EPOCH_SQL = "(TIMESTAMPTZ '1970-01-01 00:00:00+00' + to_microseconds({}))"
 
 LateRow = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InputCount:
+    """The late rows one input of a batch lost: its operator, join side and source."""
+
+    operator_index: int
+    kind: str
+    side: str | None
+    source_index: int
+    rows: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "operator_index": self.operator_index,
+            "kind": self.kind,
+            "side": self.side,
+            "source_index": self.source_index,
+            "rows": self.rows,
+        }
 
 
 @dataclass(frozen=True)
@@ -50,6 +87,8 @@ class BatchLateRows:
     overflow_location: str | None = None
     parquet_location: str | None = None
     replayed: bool = True
+    # every late row found, per input (operator, side, source): see :func:`input_counts`
+    by_input: tuple[InputCount, ...] = ()
 
     @classmethod
     def nothing(cls) -> BatchLateRows:
@@ -130,7 +169,6 @@ class AuditHistory:
         run_id: str | None,
         batch_id: int,
         late_wm_ms: int | None,
-        kind: str,
         found: BatchLateRows,
         sink: str,
     ) -> None:
@@ -141,7 +179,6 @@ class AuditHistory:
             run_id=run_id,
             batch_id=batch_id,
             late_wm_ms=late_wm_ms,
-            kind=kind,
             found=found,
             sink=sink,
         )
@@ -192,12 +229,13 @@ def _pending_writer(
 _LATE_ROWS_INSERT = (
     "INSERT INTO late_rows (query_id, query_name, run_id, batch_id, event_time_at, watermark_at, "
     "lateness_seconds, window_start_at, window_end_at, operator_kind, source_file, row_data, "
-    "audited_at) "
+    "audited_at, operator_index, join_side, source_index, join_key) "
     "SELECT $1, $2, $3, $4, "
     f"{_EPOCH_SQL.format('r.event_time_us')}, {_EPOCH_SQL.format('$5::BIGINT')}, "
     "($5::BIGINT - r.event_time_us) / 1e6, "
     f"{_EPOCH_SQL.format('r.window_start_us')}, {_EPOCH_SQL.format('r.window_end_us')}, "
-    "$6, r.source_file, r.row_data::JSON, now() FROM ({}) AS r"
+    "r.operator_kind, r.source_file, r.row_data::JSON, now(), r.operator_index, r.join_side, "
+    "r.source_index, r.join_key FROM ({}) AS r"
 )
 
 
@@ -208,7 +246,6 @@ def _batch_writer(
     run_id: str | None,
     batch_id: int,
     late_wm_ms: int | None,
-    kind: str,
     found: BatchLateRows,
     sink: str,
 ) -> Callable[[duckdb.DuckDBPyConnection], None]:
@@ -218,8 +255,8 @@ def _batch_writer(
     of ``found.attempt`` (other attempts' rows are a crashed replay's and are dropped here).
     """
     wm_us = None if late_wm_ms is None else late_wm_ms * 1000
-    # $1-$6 describe the batch; the rows' own parameters follow from $7
-    params = [query_id, query_name, run_id, batch_id, wm_us, kind]
+    # $1-$5 describe the batch; the rows' own parameters follow from $6
+    params = [query_id, query_name, run_id, batch_id, wm_us]
     pending = ", ".join(LATE_ROW_COLUMNS)
 
     def write(con: duckdb.DuckDBPyConnection) -> None:
@@ -235,7 +272,7 @@ def _batch_writer(
             con.execute(
                 _LATE_ROWS_INSERT.format(
                     f"SELECT {pending} FROM late_rows_pending "
-                    "WHERE query_id = $1 AND batch_id = $4 AND attempt = $7"
+                    "WHERE query_id = $1 AND batch_id = $4 AND attempt = $6"
                 ),
                 [*params, found.attempt],
             )
@@ -245,8 +282,9 @@ def _batch_writer(
         )
         con.execute(
             "INSERT OR REPLACE INTO audit_batches (query_id, batch_id, run_id, late_watermark_at, "
-            "late_rows, sink, location, audited_at, rows_kept, rows_over_cap, overflow_location) "
-            f"VALUES (?, ?, ?, {_EPOCH_SQL.format('?::BIGINT')}, ?, ?, ?, now(), ?, ?, ?)",
+            "late_rows, sink, location, audited_at, rows_kept, rows_over_cap, overflow_location, "
+            "late_rows_by_input) "
+            f"VALUES (?, ?, ?, {_EPOCH_SQL.format('?::BIGINT')}, ?, ?, ?, now(), ?, ?, ?, ?)",
             [
                 query_id,
                 batch_id,
@@ -258,6 +296,7 @@ def _batch_writer(
                 found.kept,
                 found.over_cap,
                 found.overflow_location,
+                json.dumps([c.as_json() for c in found.by_input]) if found.by_input else None,
             ],
         )
 

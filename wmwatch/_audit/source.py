@@ -1,17 +1,21 @@
-"""Which file source a query reads, read off its logical plan through the driver's JVM.
+"""The sources the audit can read again, batch by batch.
 
-The audit can replay a batch only when the query reads one file source whose files stay where
-they are: :func:`file_source_of` says how to read that source again as a batch, or why it cannot.
+Each kind of source is one :class:`BatchSource`: it says what batch N read (from the query's
+checkpoint) and reads exactly that again as a batch DataFrame. Files are the kind here
+(:class:`FileBatchSource`: files stay where they are, so batch N's files give N's rows); Python
+data sources are :mod:`wmwatch._audit.pysource`. :func:`file_source_of` reads a file source's
+format, schema, options and paths off the events DataFrame's plan through the driver's JVM.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from wmwatch._audit.checkpoint import normalise_path
+from wmwatch._audit.checkpoint import CheckpointReader, normalise_path
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 from wmwatch._text import first_line
 
@@ -27,6 +31,28 @@ _FORMATS_BY_CLASS = {
 _STREAMING_RELATION = re.compile(
     r"(StreamingRelation\w*|StreamingExecutionRelation|StreamingDataSourceV2\w*) (\S+?)\[([^\]]*)\]"
 )
+
+
+# The column that carries each replayed row's file (null for sources without files).
+SOURCE_FILE_COL = "__wmwatch_source_file"
+
+
+class BatchSource(Protocol):
+    """One source of a query, as the audit reads it again."""
+
+    @property
+    def source_index(self) -> int:
+        """Its position in the query's sources (the checkpoint's ``sources/<i>``)."""
+        ...
+
+    def batch_input(self, checkpoint: CheckpointReader, batch_id: int) -> Any | None:
+        """What batch ``batch_id`` read from this source; None when it read nothing new."""
+        ...
+
+    def read(self, spark: Any, what: Any) -> Any:
+        """That data again, as a batch DataFrame of the source's raw rows (with
+        :data:`SOURCE_FILE_COL` where the source has files)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,16 +149,46 @@ def file_source_of(spark: Any, events: Any, *, has_prepare: bool) -> FileSourceS
     )
 
 
-def source_index(plan_text: str, source: FileSourceSpec) -> int:
-    """Position of the source in the query's source list (= the checkpoint's sources/<i>)."""
+def source_indexes(plan_text: str, source: FileSourceSpec) -> list[int]:
+    """The positions in the query's source list (= the checkpoint's ``sources/<i>``) of the
+    streaming relations that read ``source``'s paths (several when a query reads one directory
+    twice, as a self-join does)."""
     found = _STREAMING_RELATION.findall(plan_text)
     if len(found) <= 1:
-        return 0
+        return [0]
     wanted = {normalise_path(p) for p in source.paths}
-    matches = [i for i, (_, _, path) in enumerate(found) if normalise_path(path) in wanted]
-    if len(matches) != 1:
-        raise UnsupportedSourceError(
-            "the query reads several sources and the audited file source cannot be matched to one "
-            "of them by path; audit a query that reads one file source."
+    return [i for i, (_, _, path) in enumerate(found) if normalise_path(path) in wanted]
+
+
+@dataclass(frozen=True, slots=True)
+class FileBatchSource:
+    """A file source: batch N read the files its source log took in for N."""
+
+    spec: FileSourceSpec
+
+    @property
+    def source_index(self) -> int:
+        return self.spec.source_index
+
+    def batch_input(self, checkpoint: CheckpointReader, batch_id: int) -> list[str] | None:
+        files = checkpoint.batch_files(batch_id, self.spec.source_index)
+        return [f.path for f in files] or None
+
+    def read(self, spark: Any, what: Any) -> Any:
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import StructType
+
+        src = self.spec
+        reader = spark.read.format(src.format).schema(
+            StructType.fromJson(json.loads(src.schema_json))
         )
-    return matches[0]
+        options = {k: v for k, v in src.options.items() if k.lower() not in ("path", "paths")}
+        if (
+            len(src.paths) == 1
+            and not re.search(r"[*?\[{]", src.paths[0])
+            and "basePath" not in options
+        ):
+            # Keeps partition columns (dir/key=value/file) when single files are read.
+            options["basePath"] = src.paths[0]
+        raw = reader.options(**options).load(list(what))
+        return raw.withColumn(SOURCE_FILE_COL, F.col("_metadata.file_path"))

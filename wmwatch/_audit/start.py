@@ -12,11 +12,12 @@ from typing import Any
 
 from wmwatch._audit.auditor import Auditor
 from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root
+from wmwatch._audit.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
-from wmwatch._audit.predicates import OperatorSpec, apply_overrides, parse_plan
-from wmwatch._audit.replay import Replayer
+from wmwatch._audit.predicates import OperatorSpec
+from wmwatch._audit.replay import Replayer, ReplayInput
 from wmwatch._audit.sinks import AuditHistory
-from wmwatch._audit.source import file_source_of, source_index
+from wmwatch._audit.source import FileBatchSource, file_source_of, source_indexes
 from wmwatch._core.plugins import WatchContext
 from wmwatch._errors import AuditError, ConfigError
 from wmwatch._progress import query_label
@@ -60,12 +61,88 @@ class AuditHandle:
         self.stop()
 
 
+_DELAY_KEY = "spark.watermarkDelayMs"
+
+
+def _as_list(value: Any, what: str) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ConfigError(f"{what} is empty; pass one streaming DataFrame per input.")
+        return list(value)
+    return [value]
+
+
+def _watermarked_column(events: Any) -> str | None:
+    """The column of ``events`` that carries a watermark (Spark's event-time column)."""
+    try:
+        fields = events.schema.fields
+    except Exception:
+        return None
+    return next((f.name for f in fields if _DELAY_KEY in (f.metadata or {})), None)
+
+
+def _replay_inputs(
+    spark: Any,
+    plan: ReplayPlan,
+    plan_text: str,
+    events: list[Any],
+    prepares: list[Callable[[Any], Any] | None],
+) -> list[ReplayInput]:
+    """Match each events DataFrame to the query's source it reads and that source's rule."""
+    by_index = {i.source_index: i for i in plan.inputs}
+    taken: set[int] = set()
+    inputs: list[ReplayInput] = []
+    for position, (frame, prepare) in enumerate(zip(events, prepares, strict=True)):
+        source = file_source_of(spark, frame, has_prepare=prepare is not None)
+        candidates = [i for i in source_indexes(plan_text, source) if i not in taken]
+        if not candidates:
+            raise AuditError(
+                f"events[{position}] reads {', '.join(source.paths)}, which the query does not "
+                "read (or another events DataFrame already stands for it); pass the streaming "
+                "DataFrames the query reads."
+            )
+        index = candidates[0]
+        taken.add(index)
+        planned = by_index.get(index)
+        if planned is None or planned.spec is None:
+            if planned is not None and planned.drops:
+                raise AuditError(f"cannot audit source {index}: {planned.reason}.")
+            continue  # Spark drops none of this source's rows: nothing to replay
+        spec = planned.spec
+        if len(events) > 1:
+            columns = set(frame.columns)
+            if spec.event_time_column not in columns:
+                own = _watermarked_column(frame)
+                if own is not None:
+                    spec = replace(spec, event_time_column=own)
+        inputs.append(
+            ReplayInput(
+                source=FileBatchSource(replace(source, source_index=index)),
+                spec=spec,
+                prepare=prepare,
+                join_keys=planned.join_keys,
+            )
+        )
+    missing = [i for i in plan.audited if i.source_index not in taken]
+    if missing:
+        names = ", ".join(f"source {i.source_index} ({i.relation[:80]})" for i in missing)
+        raise AuditError(
+            f"the query also drops late rows of {names}; pass the streaming DataFrame of every "
+            "input that reaches a stateful operator (events=[...], in any order)."
+        )
+    if not inputs:
+        raise AuditError(
+            f"cannot audit this query: {plan.problem or 'none of its inputs drops late rows'}."
+        )
+    return inputs
+
+
 def start_audit(
     watch: WatchContext,
     query: Any,
     events: Any,
     *,
-    prepare: Callable[[Any], Any] | None = None,
+    prepare: Callable[[Any], Any] | Sequence[Callable[[Any], Any] | None] | None = None,
     sink: str = "duckdb",
     parquet_path: str | os.PathLike[str] | None = None,
     columns: Sequence[str] | None = None,
@@ -85,12 +162,14 @@ def start_audit(
     """Start auditing the rows ``query`` drops behind its watermark; returns an
     :class:`AuditHandle`.
 
-    ``events`` is the streaming DataFrame the query reads before its stateful operator. When it is
+    ``events`` is the streaming DataFrame the query reads before its stateful operator, or, for a
+    query with several inputs (a join, a union), a list of them, one per source. When one is
     more than ``spark.readStream...load()`` plus ``withWatermark``, pass ``prepare``: the function
-    that turns the raw source DataFrame (read as a batch) into the same rows. The operator kind,
-    event-time column, delay and window come from the query's plan; the keyword arguments
-    override them. ``sink="parquet"`` writes each batch's late rows with Spark under
-    ``parquet_path`` instead of collecting them into DuckDB.
+    (a list of them, one per events DataFrame, None where not needed) that turns the raw source
+    DataFrame (read as a batch) into the same rows. Each input's operator, join side, event-time
+    column, delay and window come from the query's plan; for a query with one audited input the
+    keyword arguments override them. ``sink="parquet"`` writes each batch's late rows with Spark
+    under ``parquet_path`` instead of collecting them into DuckDB.
 
     Bounds: at most ``max_rows_per_batch`` late rows of one batch are kept in DuckDB (the rest
     are counted, and written to Parquet when ``parquet_path`` is given with the DuckDB sink);
@@ -114,8 +193,16 @@ def start_audit(
         raise ConfigError(
             "the watch has no history database; attach with db=... or use sink='parquet'."
         )
-    if prepare is not None and not callable(prepare):
-        raise ConfigError("prepare must be a function from the raw source DataFrame to events.")
+    frames = _as_list(events, "events")
+    if prepare is None or callable(prepare):
+        prepares: list[Callable[[Any], Any] | None] = [prepare] * len(frames)
+    else:
+        prepares = list(prepare)
+    if len(prepares) != len(frames) or not all(p is None or callable(p) for p in prepares):
+        raise ConfigError(
+            "prepare must be a function from the raw source DataFrame to events, or a list with "
+            "one such function (or None) per events DataFrame."
+        )
     spark = watch.spark
     jsq_wrapper = getattr(query, "_jsq", None)
     if jsq_wrapper is None:
@@ -146,7 +233,7 @@ def start_audit(
             "spark.sql.streaming.statefulOperator.allowMultiple=false changes which watermark "
             "drops late rows and is not supported by the audit; leave it at its default (true)."
         )
-    spec = apply_overrides(
+    plan = apply_overrides(
         parse_plan(plan_text),
         kind=kind,
         event_time=event_time,
@@ -154,8 +241,7 @@ def start_audit(
         window=window,
         slide=slide,
     )
-    source = file_source_of(spark, events, has_prepare=prepare is not None)
-    source = replace(source, source_index=source_index(plan_text, source))
+    inputs = _replay_inputs(spark, plan, plan_text, frames, prepares)
     root = str(checkpoint) if checkpoint is not None else str(engine.resolvedCheckpointRoot())
     fs = None if local_root(root) is not None else HadoopFileSystem(spark, root)
     reader = CheckpointReader(root, fs)
@@ -169,9 +255,7 @@ def start_audit(
         query_id=query_id,
         query_name=query_name,
         label=label,
-        source=source,
-        spec=spec,
-        prepare=prepare,
+        inputs=inputs,
         columns=columns,
         hash_columns=hash_columns,
         parquet_path=str(parquet_path) if parquet_path is not None else None,
@@ -186,13 +270,13 @@ def start_audit(
         label=label,
         run_id=str(query.runId),
         checkpoint=reader,
-        spec=spec,
         sink=sink,
         replayer=replayer,
         history=(
             AuditHistory(store, query_id=query_id, label=label) if store is not None else None
         ),
         poll_interval_seconds=poll_interval_seconds,
+        progress_min_covers_inputs=plan.watermark_nodes <= 1,
     )
     audit_plugin(watch).add(auditor)
     auditor.start()

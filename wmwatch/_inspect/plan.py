@@ -30,10 +30,9 @@ from wmwatch._inspect.joins import (
     JoinPlan,
     cleanup_kind,
     parse_join_lines,
-    parse_plan_tree,
-    physical_plan_section,
 )
 from wmwatch._inspect.watermarks import OperatorWatermark, policy_from_conf
+from wmwatch._plantext import parse_plan_tree, physical_plan_section
 from wmwatch._text import redact
 from wmwatch._time import from_epoch_ms, interval_seconds
 

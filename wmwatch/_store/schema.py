@@ -122,7 +122,7 @@ MIGRATIONS: tuple[Migration, ...] = (
                 -- windowed aggregations: the window it missed
                 window_start_at TIMESTAMPTZ,
                 window_end_at   TIMESTAMPTZ,
-                operator_kind   VARCHAR,                -- window | dedupe | dedupe_within_watermark
+                operator_kind   VARCHAR,                -- predicates.KINDS: window, join, ...
                 source_file     VARCHAR,
                 -- the row's own columns (allow-listed, hashed)
                 row_data        JSON,
@@ -231,6 +231,26 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE audit_batches ADD COLUMN IF NOT EXISTS rows_kept BIGINT",
             "ALTER TABLE audit_batches ADD COLUMN IF NOT EXISTS rows_over_cap BIGINT",
             "ALTER TABLE audit_batches ADD COLUMN IF NOT EXISTS overflow_location VARCHAR",
+        ),
+    ),
+    Migration(
+        4,
+        "late rows per operator, join side and source; audit_batches.late_rows_by_input",
+        (
+            # operator_index is the operator's position in the progress' stateOperators;
+            # join_side is left | right for a stream-stream join's input; join_key holds the
+            # row's equi-join key values (JSON), the match it lost
+            "ALTER TABLE late_rows ADD COLUMN IF NOT EXISTS operator_index INTEGER",
+            "ALTER TABLE late_rows ADD COLUMN IF NOT EXISTS join_side VARCHAR",
+            "ALTER TABLE late_rows ADD COLUMN IF NOT EXISTS source_index INTEGER",
+            "ALTER TABLE late_rows ADD COLUMN IF NOT EXISTS join_key VARCHAR",
+            "ALTER TABLE late_rows_pending ADD COLUMN IF NOT EXISTS operator_kind VARCHAR",
+            "ALTER TABLE late_rows_pending ADD COLUMN IF NOT EXISTS operator_index INTEGER",
+            "ALTER TABLE late_rows_pending ADD COLUMN IF NOT EXISTS join_side VARCHAR",
+            "ALTER TABLE late_rows_pending ADD COLUMN IF NOT EXISTS source_index INTEGER",
+            "ALTER TABLE late_rows_pending ADD COLUMN IF NOT EXISTS join_key VARCHAR",
+            # every late row found, per input: [{operator_index, kind, side, source_index, rows}]
+            "ALTER TABLE audit_batches ADD COLUMN IF NOT EXISTS late_rows_by_input JSON",
         ),
     ),
 )
