@@ -7,6 +7,9 @@
    same input, for 0% late rows and for 1% late rows. Runs alternate off/on so background
    load hits both alike. "Caught up" is how long after the query finished the audit had
    audited every committed batch.
+   ``--only join`` measures the same for a stream-stream join: two inputs (the same ids, times
+   within the 10 s of their file), joined on the id and a 10 s time range, inner, each side
+   with the same late fraction; the audit replays both sides.
 2. Audit write rate: one batch whose rows are all late, audited after the fact, into DuckDB and
    into Parquet (rows per second, replay included).
 3. A late-row storm (``--storm-rows``, 5 million by default): that many rows, all behind the
@@ -81,7 +84,13 @@ def write_input(folder: Path, files: int, rows: int, late_fraction: float, seed:
 
 
 def run_query(
-    spark: Any, folder: Path, tag: str, *, audit: bool, sink: str = "duckdb"
+    spark: Any,
+    folder: Path,
+    tag: str,
+    *,
+    audit: bool,
+    sink: str = "duckdb",
+    shape: str = "window",
 ) -> dict[str, Any]:
     from prometheus_client import CollectorRegistry
     from pyspark.sql import functions as F
@@ -97,7 +106,30 @@ def run_query(
         .json(str(folder / "in"))
         .withWatermark("ts", DELAY)
     )
-    counts = events.groupBy(F.window("ts", "10 seconds"), "user").count()
+    if shape == "join":
+        other = (
+            spark.readStream.schema(SCHEMA)
+            .option("maxFilesPerTrigger", 1)
+            .json(str(folder / "right"))
+            .select(
+                F.col("id").alias("rid"),
+                F.col("ts").alias("rts"),
+                F.col("payload").alias("rpayload"),
+            )
+            .withWatermark("rts", DELAY)
+        )
+        renamed = {"id": "rid", "ts": "rts", "payload": "rpayload"}
+
+        def prepare_right(frame: Any) -> Any:
+            return frame.select(*[F.col(k).alias(v) for k, v in renamed.items()])
+
+        condition = "id = rid AND ts BETWEEN rts - INTERVAL 10 SECONDS AND rts + INTERVAL 10 SECOND"
+        counts = events.join(other, F.expr(condition))
+        inputs: Any = [events, other]
+        prepare: Any = [None, prepare_right]
+    else:
+        counts = events.groupBy(F.window("ts", "10 seconds"), "user").count()
+        inputs, prepare = events, None
     watch = wmwatch.attach(
         spark, db=str(work / "h.duckdb"), metrics_port=None, registry=CollectorRegistry()
     )
@@ -111,7 +143,9 @@ def run_query(
             .start()
         )
         handle = (
-            watch.audit(query, events, sink=sink, parquet_path=str(work / "late"))
+            watch.audit(
+                query, inputs, prepare=prepare, sink=sink, parquet_path=str(work / "late")
+            )
             if audit
             else None
         )
@@ -234,7 +268,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--storm-rows", type=int, default=5_000_000)
     parser.add_argument(
-        "--only", choices=("throughput", "rate", "storm"), default=None, help="run one part"
+        "--only",
+        choices=("throughput", "join", "rate", "storm"),
+        default=None,
+        help="run one part",
     )
     args = parser.parse_args()
     if args.only == "storm":
@@ -262,17 +299,27 @@ def main() -> None:
             f"input: {args.files} JSON files x {args.rows} rows, one file per batch; "
             f"load avg {os.getloadavg()[0]:.1f}"
         )
-        for late_fraction in (0.0, 0.01) if args.only in (None, "throughput") else ():
-            folder = base / f"late{late_fraction}"
+        shapes = {None: ("window", "join"), "throughput": ("window",), "join": ("join",)}
+        runs = [
+            (shape, late_fraction)
+            for shape in shapes.get(args.only, ())
+            for late_fraction in (0.0, 0.01)
+        ]
+        for shape, late_fraction in runs:
+            folder = base / f"{shape}-late{late_fraction}"
             late_rows = write_input(folder / "in", args.files, args.rows, late_fraction)
+            if shape == "join":
+                late_rows += write_input(
+                    folder / "right", args.files, args.rows, late_fraction, seed=2
+                )
             # warm both code paths (JIT, caches) before anything is timed
-            run_query(spark, folder, "warmup_off", audit=False)
-            run_query(spark, folder, "warmup_on", audit=True)
+            run_query(spark, folder, "warmup_off", audit=False, shape=shape)
+            run_query(spark, folder, "warmup_on", audit=True, shape=shape)
             off_rates, on_rates = [], []
             last: dict[str, Any] = {}
             for r in range(args.repeats):
-                off = run_query(spark, folder, f"off{r}", audit=False)
-                on = run_query(spark, folder, f"on{r}", audit=True)
+                off = run_query(spark, folder, f"off{r}", audit=False, shape=shape)
+                on = run_query(spark, folder, f"on{r}", audit=True, shape=shape)
                 off_rates.append(off["rows"] / off["query_seconds"])
                 on_rates.append(on["rows"] / on["query_seconds"])
                 last = on
@@ -280,7 +327,7 @@ def main() -> None:
             on_rate = sum(on_rates) / len(on_rates)
             status = last["status"]
             print(
-                f"late {late_fraction:.0%}: audit off {off_rate:,.0f} rows/s, "
+                f"{shape} late {late_fraction:.0%}: audit off {off_rate:,.0f} rows/s, "
                 f"on {on_rate:,.0f} rows/s, "
                 f"ratio {on_rate / off_rate:.2f}; late rows in input {late_rows}, audited "
                 f"{status['late_rows']}; batches replayed {status['batches_replayed']}, skipped "

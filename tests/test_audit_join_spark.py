@@ -209,6 +209,28 @@ def test_join_sides_balance(spark: Any, stream_dir: Path, how: str, batching: st
         # 5 and 10 are exactly on the watermark
         assert sorted(side_ids(result, "left")) == [4, 5, 9, 10, 12]
         assert sorted(side_ids(result, "right")) == [104, 111, 113]
+    if (how, batching) == ("inner", "each"):
+        check_report(stream_dir / "history.duckdb")
+
+
+def check_report(db: Path) -> None:
+    """The real CLI shows a join's late rows per side and the keys that lost matches."""
+    from typer.testing import CliRunner
+
+    from wmwatch.cli import app
+
+    runner = CliRunner()
+    data = runner.invoke(app, ["report", "--db", str(db), "--format", "json"])
+    assert data.exit_code == 0, data.output
+    (query,) = json.loads(data.output)["queries"]
+    late = query["late_rows"]
+    assert [(o["side"], o["late_rows"]) for o in late["by_operator"]] == [("left", 5), ("right", 3)]
+    lost = {(m["side"], m["join_key"]) for m in late["lost_matches"]}
+    assert ("left", '{"lk":"d"}') in lost and ("right", '{"rk":"d"}') in lost
+    text = runner.invoke(app, ["report", "--db", str(db)], terminal_width=200)
+    assert text.exit_code == 0, text.output
+    assert "operator 0 join left side: 5" in text.output
+    assert 'operator 0 right side, key {"rk":"d"}: 1 late rows' in text.output
 
 
 @pytest.mark.parametrize("side", ["left", "right"])

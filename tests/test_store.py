@@ -707,3 +707,36 @@ def test_open_readonly_on_a_missing_file_is_a_clear_error(tmp_path: Path) -> Non
     ):
         pass
     assert not (tmp_path / "missing.duckdb").exists()
+
+
+def test_reader_of_an_older_history_sees_the_latest_schema(tmp_path: Path) -> None:
+    """A file written by an older wmwatch (schema v3 here) is read, never migrated, by the
+    report: later tables are empty and later columns NULL."""
+    from wmwatch._report.build import build_report
+    from wmwatch._store.schema import MIGRATIONS, VERSION_TABLE
+
+    db = tmp_path / "old.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute(VERSION_TABLE)
+        for migration in MIGRATIONS[:3]:
+            for statement in migration.statements:
+                con.execute(statement)
+            con.execute(
+                "INSERT INTO wmwatch_schema (version, description) VALUES (?, ?)",
+                (migration.version, migration.description),
+            )
+        con.execute(
+            "INSERT INTO late_rows (query_id, batch_id, audited_at, operator_kind) "
+            "VALUES ('q', 3, now(), 'window')"
+        )
+    assert LATEST_VERSION > 3
+    with open_readonly(db) as con:
+        rows = con.execute(
+            "SELECT batch_id, operator_index, join_side, join_key FROM late_rows"
+        ).fetchall()
+        assert rows == [(3, None, None, None)]
+        assert con.execute("SELECT late_rows_by_input FROM audit_batches").fetchall() == []
+        build_report(con, db=str(db))
+    with duckdb.connect(str(db), read_only=True) as con:  # the file itself is unchanged
+        version = con.execute("SELECT max(version) FROM wmwatch_schema").fetchone()
+        assert version == (3,)

@@ -87,8 +87,8 @@ def _plan_nodes(node: Any) -> Iterable[Any]:
         yield from _plan_nodes(children.apply(i))
 
 
-def file_source_of(spark: Any, events: Any, *, has_prepare: bool) -> FileSourceSpec:
-    """The file source ``events`` reads, from its logical plan (classic PySpark only)."""
+def relation_of(events: Any) -> Any:
+    """The one streaming relation (JVM logical-plan node) ``events`` reads (classic PySpark)."""
     jdf = getattr(events, "_jdf", None)
     if jdf is None:
         raise AuditError(
@@ -99,19 +99,37 @@ def file_source_of(spark: Any, events: Any, *, has_prepare: bool) -> FileSourceS
         raise ConfigError(
             "events must be the streaming DataFrame the query reads (spark.readStream...)."
         )
-    plan = jdf.queryExecution().analyzed()
-    nodes = list(_plan_nodes(plan))
+    nodes = list(_plan_nodes(jdf.queryExecution().analyzed()))
     relations = [n for n in nodes if n.nodeName().startswith("Streaming")]
     if len(relations) != 1:
         raise UnsupportedSourceError(
-            f"events reads {len(relations)} streaming sources; the audit replays exactly one file "
-            f"source ({', '.join(SUPPORTED_FORMATS)}): pass the DataFrame of that source."
+            f"events reads {len(relations)} streaming sources; pass one streaming DataFrame per "
+            "source (events=[...]), each reading exactly one."
         )
-    relation = relations[0]
+    return relations[0]
+
+
+def relation_position(query_plan: Any, relation: Any) -> list[int]:
+    """Where ``relation`` is among the streaming relations of a query's analysed plan (JVM),
+    which is its source index in the checkpoint: matched by its output attributes."""
+    wanted = str(relation.output().toString())
+    leaves = [
+        n
+        for n in _plan_nodes(query_plan)
+        if n.nodeName().startswith("Streaming") and n.children().size() == 0
+    ]
+    return [i for i, n in enumerate(leaves) if str(n.output().toString()) == wanted]
+
+
+def file_source_of(spark: Any, events: Any, *, has_prepare: bool) -> FileSourceSpec:
+    """The file source ``events`` reads, from its logical plan (classic PySpark only)."""
+    relation = relation_of(events)
+    nodes = list(_plan_nodes(events._jdf.queryExecution().analyzed()))
     if relation.nodeName() != "StreamingRelation":
         raise UnsupportedSourceError(
             f"events reads {first_line(str(relation.toString()), 120)}, which cannot be replayed "
-            f"batch by batch; the audit supports file sources ({', '.join(SUPPORTED_FORMATS)})."
+            f"batch by batch; the audit supports file sources ({', '.join(SUPPORTED_FORMATS)}) "
+            "and Python data sources."
         )
     ds = relation.dataSource()
     fmt = str(ds.className())

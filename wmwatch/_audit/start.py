@@ -15,9 +15,17 @@ from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_
 from wmwatch._audit.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
 from wmwatch._audit.predicates import OperatorSpec
+from wmwatch._audit.pysource import PythonBatchSource, is_python_source, python_source_of
 from wmwatch._audit.replay import Replayer, ReplayInput
 from wmwatch._audit.sinks import AuditHistory
-from wmwatch._audit.source import FileBatchSource, file_source_of, source_indexes
+from wmwatch._audit.source import (
+    BatchSource,
+    FileBatchSource,
+    file_source_of,
+    relation_of,
+    relation_position,
+    source_indexes,
+)
 from wmwatch._core.plugins import WatchContext
 from wmwatch._errors import AuditError, ConfigError
 from wmwatch._progress import query_label
@@ -81,10 +89,29 @@ def _watermarked_column(events: Any) -> str | None:
     return next((f.name for f in fields if _DELAY_KEY in (f.metadata or {})), None)
 
 
+def _source_of(
+    spark: Any, frame: Any, prepare: Callable[[Any], Any] | None, query_plan: Any, plan_text: str
+) -> tuple[list[int], Callable[[int], BatchSource], str]:
+    """Where the source ``frame`` reads sits in the query (candidate source indexes), how to
+    read it again given its index, and a name for messages."""
+    relation = relation_of(frame)
+    positions = relation_position(query_plan, relation) if query_plan is not None else []
+    if is_python_source(relation):
+        spec = python_source_of(spark, relation)
+        return positions, lambda index: PythonBatchSource(spec, index), f"source {spec.name!r}"
+    files = file_source_of(spark, frame, has_prepare=prepare is not None)
+    return (
+        positions or source_indexes(plan_text, files),
+        lambda index: FileBatchSource(replace(files, source_index=index)),
+        ", ".join(files.paths),
+    )
+
+
 def _replay_inputs(
     spark: Any,
     plan: ReplayPlan,
     plan_text: str,
+    query_plan: Any,
     events: list[Any],
     prepares: list[Callable[[Any], Any] | None],
 ) -> list[ReplayInput]:
@@ -93,13 +120,13 @@ def _replay_inputs(
     taken: set[int] = set()
     inputs: list[ReplayInput] = []
     for position, (frame, prepare) in enumerate(zip(events, prepares, strict=True)):
-        source = file_source_of(spark, frame, has_prepare=prepare is not None)
-        candidates = [i for i in source_indexes(plan_text, source) if i not in taken]
+        found, make_source, what = _source_of(spark, frame, prepare, query_plan, plan_text)
+        candidates = [i for i in found if i not in taken]
         if not candidates:
             raise AuditError(
-                f"events[{position}] reads {', '.join(source.paths)}, which the query does not "
-                "read (or another events DataFrame already stands for it); pass the streaming "
-                "DataFrames the query reads."
+                f"events[{position}] reads {what}, which the query does not read (or another "
+                "events DataFrame already stands for it); pass the streaming DataFrames the "
+                "query reads."
             )
         index = candidates[0]
         taken.add(index)
@@ -117,7 +144,7 @@ def _replay_inputs(
                     spec = replace(spec, event_time_column=own)
         inputs.append(
             ReplayInput(
-                source=FileBatchSource(replace(source, source_index=index)),
+                source=make_source(index),
                 spec=spec,
                 prepare=prepare,
                 join_keys=planned.join_keys,
@@ -212,9 +239,10 @@ def start_audit(
         )
     engine = jsq_wrapper.streamingQuery()
     try:
-        plan_text = str(engine.analyzedPlan().toString())
+        query_plan = engine.analyzedPlan()
     except Exception:
-        plan_text = str(engine.logicalPlan().toString())
+        query_plan = engine.logicalPlan()
+    plan_text = str(query_plan.toString())
     try:
         output_mode = str(engine.outputMode().toString())
     except Exception:
@@ -241,7 +269,7 @@ def start_audit(
         window=window,
         slide=slide,
     )
-    inputs = _replay_inputs(spark, plan, plan_text, frames, prepares)
+    inputs = _replay_inputs(spark, plan, plan_text, query_plan, frames, prepares)
     root = str(checkpoint) if checkpoint is not None else str(engine.resolvedCheckpointRoot())
     fs = None if local_root(root) is not None else HadoopFileSystem(spark, root)
     reader = CheckpointReader(root, fs)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from wmwatch._errors import StoreError
 from wmwatch._store.rows import QueryHistory, read_history
-from wmwatch._store.schema import migrate, schema_version
+from wmwatch._store.schema import LATEST_VERSION, migrate, read_as_latest, schema_version
 from wmwatch._text import error_line
 
 if TYPE_CHECKING:
@@ -63,7 +63,9 @@ def open_readonly(
     con = connect(db, read_only=True, deadline=time.monotonic() + timeout)
     try:
         try:
-            schema_version(con, db, reading=True)
+            version = schema_version(con, db, reading=True)
+            if version < LATEST_VERSION:
+                read_as_latest(con, version)
         except StoreError:
             raise
         except Exception as exc:

@@ -9,6 +9,7 @@ table; keep both in step.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -301,6 +302,48 @@ def schema_version(
             f"v{LATEST_VERSION}): {remedy}"
         )
     return version
+
+
+_ADD_COLUMN = re.compile(
+    r"^\s*ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+) (.+?)\s*$", re.S | re.I
+)
+_CREATE_TABLE = re.compile(r"^\s*CREATE TABLE IF NOT EXISTS (\w+)", re.I)
+
+
+def read_as_latest(con: duckdb.DuckDBPyConnection, version: int) -> None:
+    """Make a read-only connection to a history of schema ``version`` read like the latest one.
+
+    A reader cannot migrate the file (a job may be writing it, and reading must change
+    nothing), so each later migration is mirrored in the connection's temporary catalog, which
+    DuckDB resolves first: a new table is an empty temporary table, and a table that gained
+    columns is a temporary view of the stored table with those columns as NULL.
+    """
+    added: dict[str, list[tuple[str, str]]] = {}
+    created: set[str] = set()
+    for migration in MIGRATIONS:
+        if migration.version <= version:
+            continue
+        for statement in migration.statements:
+            table = _CREATE_TABLE.match(statement)
+            if table:
+                con.execute(_CREATE_TABLE.sub("CREATE TEMP TABLE IF NOT EXISTS \\1", statement))
+                created.add(table.group(1))
+                continue
+            column = _ADD_COLUMN.match(statement)
+            if column is None:
+                continue  # indexes: nothing to read
+            name, col, kind = column.groups()
+            if name in created:
+                con.execute(statement)
+            else:
+                added.setdefault(name, []).append((col, kind))
+    row = con.execute("SELECT current_database()").fetchone()
+    catalog = str(row[0]).replace('"', '""') if row else "main"
+    for name, columns in added.items():
+        extra = ", ".join(f"NULL::{kind} AS {col}" for col, kind in columns)
+        con.execute(
+            f'CREATE TEMP VIEW {name} AS SELECT *, {extra} FROM "{catalog}".main.{name}'
+        )
 
 
 def migrate(con: duckdb.DuckDBPyConnection, path: Path | str) -> int:

@@ -1,0 +1,217 @@
+"""Reading a batch of a Python streaming data source (``pyspark.sql.datasource``) again.
+
+The offset line a Python source writes to ``offsets/N`` is the JSON its reader returned from
+``latestOffset()``. After a restart Spark re-runs an uncommitted batch by calling
+``reader.partitions(start, end)`` with the offsets of ``offsets/N-1`` and ``offsets/N`` and then
+``read(partition)`` on executors (for a ``SimpleDataSourceStreamReader``:
+``readBetweenOffsets(start, end)``); the data source contract requires the same rows for the same
+offsets. The audit relies on exactly that contract: :class:`PythonBatchSource` reads batch N
+through a batch data source that wraps the user's stream reader with N's logged offsets, so the
+rows are read by executors, never collected in the driver. The first batch starts at the
+reader's ``initialOffset()``.
+
+The user's ``DataSource`` class is taken from the session's data source registry, where
+``spark.dataSource.register`` put it (pickled).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from wmwatch._audit.checkpoint import CheckpointReader
+from wmwatch._errors import AuditError, UnsupportedSourceError
+
+_START = "wmwatch.replay.start"
+_END = "wmwatch.replay.end"
+_REGISTERED: set[tuple[int, str]] = set()
+_REGISTER_LOCK = threading.Lock()
+
+
+def is_python_source(relation: Any) -> bool:
+    """Whether a streaming relation of a logical plan reads a Python data source."""
+    try:
+        return bool(
+            str(relation.nodeName()) == "StreamingRelationV2"
+            and str(relation.table().getClass().getName()).endswith(".PythonTable")
+        )
+    except Exception:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class PythonSourceSpec:
+    """What reading a Python data source again needs: its name, options, schema and class."""
+
+    name: str
+    options: dict[str, str]
+    schema_json: str
+    data_source: type = field(compare=False)
+
+
+def python_source_of(spark: Any, relation: Any) -> PythonSourceSpec:
+    """The Python data source ``relation`` reads, with the class the session registered."""
+    if not is_python_source(relation):
+        raise UnsupportedSourceError(
+            "events does not read a Python data source; pass the DataFrame of "
+            "spark.readStream.format(<registered name>).load()."
+        )
+    name = str(relation.table().name())
+    try:
+        manager = spark._jsparkSession.sessionState().dataSourceManager()
+        command = manager.lookupDataSource(name).dataSourceCls().command()
+        # pickled by pyspark's cloudpickle, whose output plain pickle reads back
+        data_source = pickle.loads(bytes(command.unsafeArray()))
+    except Exception as exc:
+        raise UnsupportedSourceError(
+            f"cannot find the Python data source {name!r} in this session's registry "
+            f"({type(exc).__name__}); register it with spark.dataSource.register(...) in the "
+            "session that runs the audit."
+        ) from exc
+    options = {
+        str(k): str(v) for k, v in dict(relation.extraOptions().asCaseSensitiveMap()).items()
+    }
+    return PythonSourceSpec(
+        name=name,
+        options=options,
+        schema_json=str(relation.schema().json()),
+        data_source=data_source,
+    )
+
+
+def _stream_reader(data_source: type, options: dict[str, str], schema: Any) -> tuple[Any, bool]:
+    """The user's stream reader and whether it is a simple one."""
+    source = data_source(options)
+    try:
+        return source.streamReader(schema), False
+    except NotImplementedError:
+        return source.simpleStreamReader(schema), True
+
+
+def _offset(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise AuditError(
+            f"the {what} offset {text[:80]!r} in the checkpoint is not JSON; the checkpoint is "
+            "damaged or not a Python data source's."
+        ) from exc
+
+
+def initial_offset(spec: PythonSourceSpec) -> str:
+    """The start offset of the first batch, as Spark logs it (``json.dumps``)."""
+    from pyspark.sql.types import StructType
+
+    schema = StructType.fromJson(json.loads(spec.schema_json))
+    reader, _ = _stream_reader(spec.data_source, dict(spec.options), schema)
+    return json.dumps(reader.initialOffset())
+
+
+def _replay_name(spec: PythonSourceSpec) -> str:
+    digest = hashlib.sha256(
+        f"{spec.name}\0{spec.schema_json}\0{id(spec.data_source)}".encode()
+    ).hexdigest()[:16]
+    return f"wmwatch_replay_{digest}"
+
+
+def _replay_class(spec: PythonSourceSpec, name: str) -> type:
+    """A batch data source that reads the user's stream reader between two given offsets."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    from pyspark.sql.types import StructType
+
+    user_class = spec.data_source
+    schema_json = spec.schema_json
+
+    class ReplayReader(DataSourceReader):
+        def __init__(self, options: dict[str, str], schema: Any) -> None:
+            own = {k: v for k, v in options.items() if k not in (_START, _END)}
+            self.start = json.loads(options[_START])
+            self.end = json.loads(options[_END])
+            self.stream, self.simple = _stream_reader(user_class, own, schema)
+
+        def partitions(self) -> Any:
+            if self.simple:
+                return [InputPartition(0)]
+            return self.stream.partitions(self.start, self.end)
+
+        def read(self, partition: Any) -> Iterator[Any]:
+            if self.simple:
+                yield from self.stream.readBetweenOffsets(self.start, self.end)
+            else:
+                yield from self.stream.read(partition)
+
+    class Replay(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return name
+
+        def schema(self) -> Any:
+            return StructType.fromJson(json.loads(schema_json))
+
+        def reader(self, schema: Any) -> Any:
+            return ReplayReader(dict(self.options), schema)
+
+    return Replay
+
+
+def read_batch(spark: Any, spec: PythonSourceSpec, start_json: str, end_json: str) -> Any:
+    """A batch DataFrame of exactly the rows the source gives between two logged offsets."""
+    _offset(start_json, "start")
+    _offset(end_json, "end")
+    name = _replay_name(spec)
+    key = (id(spark), name)
+    with _REGISTER_LOCK:
+        if key not in _REGISTERED:
+            spark.dataSource.register(_replay_class(spec, name))
+            _REGISTERED.add(key)
+    return (
+        spark.read.format(name)
+        .options(**spec.options)
+        .option(_START, start_json)
+        .option(_END, end_json)
+        .load()
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PythonBatchSource:
+    """A Python data source: batch N read from ``offsets/N-1``'s line to ``offsets/N``'s."""
+
+    spec: PythonSourceSpec
+    index: int
+
+    @property
+    def source_index(self) -> int:
+        return self.index
+
+    def batch_input(self, checkpoint: CheckpointReader, batch_id: int) -> tuple[str, str] | None:
+        end_entry = checkpoint.offsets(batch_id)
+        if end_entry is None or self.index >= len(end_entry.source_offsets):
+            raise AuditError(
+                f"offsets/{batch_id} has no line for source {self.index}; the checkpoint does "
+                "not belong to this query."
+            )
+        end = end_entry.source_offsets[self.index]
+        if end is None:
+            return None
+        before = checkpoint.offsets(batch_id - 1) if batch_id > 0 else None
+        if batch_id > 0 and before is None:
+            raise AuditError(
+                f"offsets/{batch_id - 1} is gone (spark.sql.streaming.minBatchesToRetain), so "
+                f"where batch {batch_id} started reading is unknown"
+            )
+        start = before.source_offsets[self.index] if before is not None else None
+        if start is None:  # the source had no offset yet: the batch read from its start
+            start = initial_offset(self.spec)
+        if _offset(start, "start") == _offset(end, "end"):
+            return None  # the batch read nothing new from this source
+        return start, end
+
+    def read(self, spark: Any, what: Any) -> Any:
+        start, end = what
+        return read_batch(spark, self.spec, start, end)
