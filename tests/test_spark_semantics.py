@@ -495,3 +495,74 @@ def test_chain_dedup_then_window_second_drops_nothing(run: Run) -> None:
     assert [d[1] for d in dropped] == [0, 0, 1, 0, 0, 0]
     got = sorted((sec(r.w.start), r.n) for r in run.output())
     assert got == [(90, 1), (100, 4), (110, 1), (120, 1), (130, 1), (140, 1)]
+
+
+# --------------------------------------------------------------------------------------------
+# d. applyInPandasWithState
+# --------------------------------------------------------------------------------------------
+
+# judged with 90 s: three late input rows (two of them in one group) and one on time
+PY_ROWS = [row("", "a", 90), row("", "a", 85), row("", "b", 91), row("", "b", 90)]
+
+
+@pytest.mark.parametrize(("timeout", "late"), [("EventTimeTimeout", 3), ("NoTimeout", 0)])
+def test_apply_in_pandas_with_state_drops_only_with_event_time_timeout(
+    run: Run, timeout: str, late: int
+) -> None:
+    def passthrough(key: Any, frames: Any, state: Any) -> Any:
+        # every row the function is given comes back out, so the sink shows what got through
+        yield from (frame[["k", "ts"]] for frame in frames)
+
+    out = (
+        run.source()
+        .withWatermark("ts", "10 seconds")
+        .groupBy("k")
+        .applyInPandasWithState(passthrough, "k string, ts timestamp", "n long", "update", timeout)
+    )
+    run.start(out, "update")
+    run.batch([row("", "w", 100)])
+    run.batch([row("", "f", 100)])
+    assert run.dropped(PY_ROWS) == [late]
+    seen = sorted((r.k, sec(r.ts)) for r in run.output() if r.k in "ab")
+    kept = [("a", 85), ("a", 90), ("b", 90), ("b", 91)] if late == 0 else [("b", 91)]
+    assert seen == kept
+
+
+# --------------------------------------------------------------------------------------------
+# e. transformWithStateInPandas
+# --------------------------------------------------------------------------------------------
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+@pytest.mark.parametrize(
+    ("time_mode", "late"), [("EventTime", 3), ("None", 0), ("ProcessingTime", 0)]
+)
+def test_transform_with_state_drops_only_in_event_time_mode(
+    run: Run, time_mode: str, late: int
+) -> None:
+    from pyspark.sql.streaming import StatefulProcessor
+
+    class Passthrough(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            pass
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+            yield from (frame[["k", "ts"]] for frame in rows)
+
+        def close(self) -> None:
+            pass
+
+    out = (
+        run.source()
+        .withWatermark("ts", "10 seconds")
+        .groupBy("k")
+        .transformWithStateInPandas(Passthrough(), "k string, ts timestamp", "Update", time_mode)
+    )
+    run.start(out, "update", {"spark.sql.streaming.stateStore.providerClass": ROCKSDB})
+    run.batch([row("", "w", 100)])
+    run.batch([row("", "f", 100)])
+    assert run.dropped(PY_ROWS) == [late]
+    seen = sorted((r.k, sec(r.ts)) for r in run.output() if r.k in "ab")
+    kept = [("a", 85), ("a", 90), ("b", 90), ("b", 91)] if late == 0 else [("b", 91)]
+    assert seen == kept
