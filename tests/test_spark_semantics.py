@@ -566,3 +566,14 @@ def test_transform_with_state_drops_only_in_event_time_mode(
     seen = sorted((r.k, sec(r.ts)) for r in run.output() if r.k in "ab")
     kept = [("a", 85), ("a", 90), ("b", 90), ("b", 91)] if late == 0 else [("b", 91)]
     assert seen == kept
+
+
+def test_join_row_behind_state_watermark_is_joined_then_evicted(run: Run) -> None:
+    start_join(run, RANGE, "left_outer")
+    assert run.dropped(WARMUP) == [0]
+    # batch 1 judges late rows with 0 but evicts with 90: the left state keeps only rows that a
+    # right row after 90 could still match (lts > 85), so rows at 80 are in and out in this batch
+    dropped = run.dropped([row("l", "q", 80), row("l", "m", 80), row("r", "m", 82)])
+    assert dropped == [0]
+    got = sorted((r.lk, r.rk) for r in run.output() if r.lk != "w")
+    assert got == [("m", "m"), ("q", None)]

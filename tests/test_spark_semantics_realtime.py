@@ -130,6 +130,16 @@ def test_real_time_late_rows_use_the_previous_batch_watermark(rt: RealTimeRun) -
     # batch b+2 judges with batch b+1's watermark, 90 s: the same row is now dropped
     rt.add("b,50")
     dropped = rt.wait_for(lambda p: p["batchId"] == b + 2)
+        "RT-AGG",
+        [
+            (
+                p["batchId"],
+                p["eventTime"].get("watermark"),
+                {k: v for k, v in p["stateOperators"][0].items() if k != "customMetrics"},
+            )
+            for p in (first, kept, dropped)
+        ],
+    )
     assert kept["eventTime"]["watermark"] == "2026-01-01T00:01:30.000Z"
     assert kept["numInputRows"] == 1
     assert kept["stateOperators"][0]["numRowsDroppedByWatermark"] == 0
@@ -142,3 +152,31 @@ def test_real_time_late_rows_use_the_previous_batch_watermark(rt: RealTimeRun) -
     ]
     assert late_windows == [("2026-01-01 00:00:50", 1)]
     assert kept["stateOperators"][0]["operatorName"] == "StatefulStreamlineAggregate"
+    # eviction in that same batch used its own watermark, 90 s: the window was added and removed
+    assert kept["stateOperators"][0]["numRowsRemoved"] == 1
+    assert kept["stateOperators"][0]["numRowsTotal"] == 1
+
+
+def test_real_time_deduplication_uses_the_previous_batch_watermark(rt: RealTimeRun) -> None:
+    rt.start(rt.events().dropDuplicates(["k", "ts"]))
+    rt.add("w,100")
+    first = rt.wait_for(lambda p: p["numInputRows"] > 0)
+    b = first["batchId"]
+    rt.add("a,50")
+    kept = rt.wait_for(lambda p: p["batchId"] == b + 1)
+    rt.add("b,50")
+    dropped = rt.wait_for(lambda p: p["batchId"] == b + 2)
+        "RT-DEDUP",
+        [
+            (p["batchId"], p["eventTime"].get("watermark"), p["stateOperators"][0])
+            for p in (first, kept, dropped)
+        ],
+    )
+    # batch b+1 judged with 0 and kept the row (emitted), then evicted it with 90 at its end
+    assert kept["eventTime"]["watermark"] == "2026-01-01T00:01:30.000Z"
+    assert kept["stateOperators"][0]["numRowsDroppedByWatermark"] == 0
+    assert kept["stateOperators"][0]["numRowsRemoved"] == 1
+    assert kept["stateOperators"][0]["numRowsTotal"] == 1
+    # batch b+2 judged with 90 and dropped the same row as late
+    assert dropped["stateOperators"][0]["numRowsDroppedByWatermark"] == 1
+    assert sorted(r["k"] for r in rt.output()) == ["a", "w"]
