@@ -130,16 +130,6 @@ def test_real_time_late_rows_use_the_previous_batch_watermark(rt: RealTimeRun) -
     # batch b+2 judges with batch b+1's watermark, 90 s: the same row is now dropped
     rt.add("b,50")
     dropped = rt.wait_for(lambda p: p["batchId"] == b + 2)
-        "RT-AGG",
-        [
-            (
-                p["batchId"],
-                p["eventTime"].get("watermark"),
-                {k: v for k, v in p["stateOperators"][0].items() if k != "customMetrics"},
-            )
-            for p in (first, kept, dropped)
-        ],
-    )
     assert kept["eventTime"]["watermark"] == "2026-01-01T00:01:30.000Z"
     assert kept["numInputRows"] == 1
     assert kept["stateOperators"][0]["numRowsDroppedByWatermark"] == 0
@@ -166,12 +156,6 @@ def test_real_time_deduplication_uses_the_previous_batch_watermark(rt: RealTimeR
     kept = rt.wait_for(lambda p: p["batchId"] == b + 1)
     rt.add("b,50")
     dropped = rt.wait_for(lambda p: p["batchId"] == b + 2)
-        "RT-DEDUP",
-        [
-            (p["batchId"], p["eventTime"].get("watermark"), p["stateOperators"][0])
-            for p in (first, kept, dropped)
-        ],
-    )
     # batch b+1 judged with 0 and kept the row (emitted), then evicted it with 90 at its end
     assert kept["eventTime"]["watermark"] == "2026-01-01T00:01:30.000Z"
     assert kept["stateOperators"][0]["numRowsDroppedByWatermark"] == 0
