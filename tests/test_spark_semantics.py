@@ -449,7 +449,7 @@ def test_aggregation_on_raw_time_counts_late_groups(
 CHAIN_BATCHES = [
     [row("", "a", 100), row("", "b", 101)],
     [row("", "a", 95), row("", "c", 112)],  # judged with 0: nothing late
-    [row("", "a", 85), row("", "b", 102), row("", "c", 125)],  # judged with 90: [80, 90) late
+    [row("", "a", 85), row("", "b", 102), row("", "c", 125)],  # judged with 91: [80, 90) late
     [row("", "a", 105), row("", "d", 131), row("", "e", 140)],  # judged with 102
     [row("", "f", 300)],
     [row("", "g", 300)],
@@ -491,7 +491,7 @@ def test_chain_dedup_then_window_second_drops_nothing(run: Run) -> None:
     )
     dropped = run_chain(run, per_window)
     assert [d[0] for d in dropped] == [0] * len(CHAIN_BATCHES)
-    # dedup counts input rows with ts <= 90: the row at 85
+    # dedup counts input rows with ts <= 91: the row at 85
     assert [d[1] for d in dropped] == [0, 0, 1, 0, 0, 0]
     got = sorted((sec(r.w.start), r.n) for r in run.output())
     assert got == [(90, 1), (100, 4), (110, 1), (120, 1), (130, 1), (140, 1)]
