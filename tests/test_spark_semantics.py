@@ -434,7 +434,7 @@ def test_aggregation_on_raw_time_counts_late_groups(
     run.start(counts, mode)
     run.batch([row("", "w", 100)])
     run.batch([row("", "f", 100)])
-    # five late rows in three (k, ts) groups, two ts groups: the count is of groups
+    # four late rows in three (k, ts) groups, two ts groups: the count is of groups
     assert run.dropped(RAW_KEY_ROWS) == [late]
     run.batch([row("", "z", 300)])
     run.batch([row("", "y", 300)])
