@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import io
 import math
+import re
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -116,16 +118,21 @@ def _timeline(h: QueryHistory, salt: str) -> Chart:
     at = h.batch_at_seconds
     watermark = np.where(h.watermark_seconds > 0, h.watermark_seconds, np.nan)
     wx, wy = minmax_downsample(at, watermark)
-    if len(wx):
-        ax.fill_between(_days(wx), _days(wy), _days(wx), color="#d9d9d9", lw=0, label="lag")
-    ax.plot(
-        _days(at[[0, -1]]),
-        _days(at[[0, -1]]),
-        color="#777777",
-        ls=(0, (2, 2)),
-        lw=1,
-        label="batch time (no lag)",
+    event_span = float(np.nanmax(h.event_time_max_seconds, initial=0)) - float(
+        np.nanmin(h.event_time_min_seconds, initial=0)
     )
+    lag = float(np.nanmedian(at - watermark)) if len(wx) else 0.0
+    # a replay of old data lags by months: the batch-time line would flatten everything else
+    if len(wx) and lag <= 10 * max(event_span, at[-1] - at[0], 1.0):
+        ax.fill_between(_days(wx), _days(wy), _days(wx), color="#d9d9d9", lw=0, label="lag")
+        ax.plot(
+            _days(at[[0, -1]]),
+            _days(at[[0, -1]]),
+            color="#777777",
+            ls=(0, (2, 2)),
+            lw=1,
+            label="batch time (no lag)",
+        )
     count = 0
     for label, values, colour, style, width in (
         ("event time max", h.event_time_max_seconds, VERMILLION, "--", 1.2),
@@ -138,7 +145,7 @@ def _timeline(h: QueryHistory, salt: str) -> Chart:
             _series(ax, _days(x), _days(y), label, colour, style, width, count)
             count += 1
     _restarts(ax, h)
-    _time_axis(ax, "x", "batch time (UTC)")
+    _batch_axis(ax, h)
     _time_axis(ax, "y", "event time (UTC)")
     ax.legend(loc="upper left", fontsize=8, ncols=3)
     return Chart(
@@ -164,7 +171,7 @@ def _lag(h: QueryHistory, salt: str) -> Chart:
             _series(ax, _days(x), y, label, colour, style, 1.6, count, markers=len(x) < 60)
             count += 1
     _restarts(ax, h)
-    _time_axis(ax, "x", "batch time (UTC)")
+    _batch_axis(ax, h)
     ax.set_ylabel("watermark lag (seconds)")
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", fontsize=8)
@@ -216,7 +223,7 @@ def _late_per_batch(h: QueryHistory, salt: str) -> Chart:
             )
             count += 1
     _restarts(ax, h)
-    _time_axis(ax, "x", "batch time (UTC)")
+    _batch_axis(ax, h)
     ax.set_ylabel("rows per batch")
     ax.set_ylim(bottom=0)
     if count:
@@ -294,7 +301,8 @@ def _histogram(h: QueryHistory, late_rows: Mapping[str, Any] | None, salt: str) 
         )
     ax.set_xlabel("seconds (log scale; the first bar holds 0.1 s and less)")
     ax.set_ylabel("late rows")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.set_ylim(top=top * 1.3)  # room for the legend above the bars
+    ax.legend(loc="upper left", fontsize=8, ncols=2)
     return Chart(
         "histogram",
         "How late the late rows were",
@@ -307,6 +315,8 @@ def _histogram(h: QueryHistory, late_rows: Mapping[str, Any] | None, salt: str) 
 
 
 def _state(h: QueryHistory, findings: Sequence[Mapping[str, Any]], salt: str) -> list[Chart]:
+    import numpy as np
+
     if not h.operators:
         return []
     unbounded: dict[int, list[str]] = {}
@@ -347,7 +357,10 @@ def _state(h: QueryHistory, findings: Sequence[Mapping[str, Any]], salt: str) ->
                 width, colour = 2.6, VERMILLION
             budget = budgets.get(op.operator_id)
             if budget is not None and key == "state_memory":
-                label += f"; budget reached in ~{_short(budget.seconds_to_budget)}"
+                label += (
+                    f"; budget {_bytes(budget.state_budget_bytes)} reached in "
+                    f"~{_short(budget.seconds_to_budget)}"
+                )
             x, y = minmax_downsample(op.at_seconds, values)
             _series(
                 ax,
@@ -361,7 +374,10 @@ def _state(h: QueryHistory, findings: Sequence[Mapping[str, Any]], salt: str) ->
                 markers=len(x) < 60,
             )
         if key == "state_memory":
+            peak = max(float(np.nanmax(op.memory_bytes, initial=0)) for op in h.operators)
             for budget in budgets.values():
+                if budget.state_budget_bytes > 5 * peak:
+                    continue  # far away: the line would flatten the series; the legend says it
                 ax.axhline(
                     budget.state_budget_bytes / scale,
                     color=BLACK,
@@ -370,7 +386,7 @@ def _state(h: QueryHistory, findings: Sequence[Mapping[str, Any]], salt: str) ->
                     label=f"state budget {budget.state_budget_bytes / scale:,.1f}{suffix}",
                 )
         _restarts(ax, h)
-        _time_axis(ax, "x", "batch time (UTC)")
+        _batch_axis(ax, h)
         ax.set_ylabel(f"{unit}{f' ({suffix.strip()})' if suffix else ' (rows)'}")
         ax.set_ylim(bottom=0)
         ax.legend(loc="upper left", fontsize=8)
@@ -389,7 +405,7 @@ def _inputs(h: QueryHistory, salt: str) -> Chart | None:
     for index, series in enumerate(inputs):
         at = h.times_of(series.batch_ids)
         colour = CYCLE[index % len(CYCLE)]
-        name = series.source if len(series.source) <= 48 else "…" + series.source[-47:]
+        name = _source_name(series.source)
         wm = np.array([np.nan if v is None else v for v in series.watermark_seconds], float)
         mx = np.array([np.nan if v is None else v for v in series.event_time_max_seconds], float)
         wm = np.where(wm > 0, wm, np.nan)
@@ -417,7 +433,7 @@ def _inputs(h: QueryHistory, salt: str) -> Chart | None:
     x, y = minmax_downsample(h.batch_at_seconds, glob)
     _series(ax, _days(x), _days(y), "global watermark", BLACK, "-", 2.4, count)
     count += 1
-    _time_axis(ax, "x", "batch time (UTC)")
+    _batch_axis(ax, h)
     _time_axis(ax, "y", "event time (UTC)")
     policy = h.watermarks.policy if h.watermarks else None
     ax.legend(
@@ -508,6 +524,14 @@ def _restarts(ax: Axes, h: QueryHistory) -> None:
         )
 
 
+def _batch_axis(ax: Axes, h: QueryHistory) -> None:
+    """Batch time on x, over exactly the batches in scope (one point would span years)."""
+    _time_axis(ax, "x", "batch time (UTC)")
+    first, last = float(h.batch_at_seconds[0]), float(h.batch_at_seconds[-1])
+    pad = max((last - first) * 0.02, 1.0)
+    ax.set_xlim((first - pad) / 86400.0, (last + pad) / 86400.0)
+
+
 def _time_axis(ax: Axes, which: str, label: str) -> None:
     import datetime as dt
 
@@ -539,6 +563,21 @@ def _byte_scale(h: QueryHistory) -> tuple[float, str]:
     return 1.0, " bytes"
 
 
+def _bytes(size: float) -> str:
+    for scale, suffix in ((2.0**30, "GiB"), (2.0**20, "MiB"), (2.0**10, "KiB")):
+        if size >= scale:
+            return f"{size / scale:,.1f} {suffix}"
+    return f"{size:,.0f} bytes"
+
+
+def _source_name(source: str) -> str:
+    """``FileStreamSource[file:/data/in/clicks]`` as ``FileStreamSource[…/clicks]``."""
+    head, bracket, rest = source.partition("[")
+    if bracket and "/" in rest:
+        return f"{head}[…/{rest.rsplit('/', 1)[1]}"
+    return source if len(source) <= 48 else "…" + source[-47:]
+
+
 def _short(seconds: float) -> str:
     value = float(seconds)
     for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
@@ -551,8 +590,12 @@ def _svg(fig: Figure, salt: str) -> str:
     import matplotlib
 
     out = io.StringIO()
-    with matplotlib.rc_context({"svg.hashsalt": salt}):
+    with matplotlib.rc_context({"svg.hashsalt": salt}), warnings.catch_warnings():
+        # a history of a few seconds is finer than the date locator's table: it falls back to
+        # a usable tick interval and says so
+        warnings.filterwarnings("ignore", "AutoDateLocator was unable", UserWarning)
         fig.savefig(out, format="svg", metadata={"Date": None})
     text = out.getvalue()
-    # inline in HTML: drop the XML prolog and DOCTYPE, keep the <svg> element
-    return text[text.index("<svg") :]
+    # inline in HTML: drop the XML prolog, DOCTYPE and the RDF metadata, keep the drawing
+    text = text[text.index("<svg") :]
+    return re.sub(r"\s*<metadata>.*?</metadata>", "", text, count=1, flags=re.DOTALL)
