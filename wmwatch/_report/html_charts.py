@@ -292,16 +292,6 @@ def _histogram(h: QueryHistory, late_rows: Mapping[str, Any] | None, salt: str) 
             lw=2,
             label=f"delay advice: +{_short(value)} keeps {share}",
         )
-        ax.text(
-            where,
-            top,
-            f" {share}: +{_short(value)}",
-            rotation=90,
-            ha="right",
-            va="top",
-            fontsize=8,
-            color=BLACK,
-        )
     ax.set_xlabel("seconds (log scale; the first bar holds 0.1 s and less)")
     ax.set_ylabel("late rows")
     ax.set_ylim(top=top * 1.3)  # room for the legend above the bars
