@@ -362,6 +362,20 @@ def test_empty_history_is_a_page_that_says_so(empty_db: Path, tmp_path: Path) ->
     assert charts == 0
 
 
+def test_a_stateless_query_with_one_batch_draws_what_it_has(empty_db: Path) -> None:
+    with duckdb.connect(str(empty_db)) as con:
+        con.execute(
+            "INSERT INTO batches (query_id, batch_id, run_id, query_name, batch_at, input_rows, "
+            "recorded_at) VALUES ('q1', 0, 'r1', 'copy_files', now(), 5, now())"
+        )
+    result = report("--db", str(empty_db), "--format", "html")
+    assert result.exit_code == 0, result.output
+    page = result.stdout
+    assert "<h2>copy_files</h2>" in page and 'id="nothing-yet"' not in page
+    assert 'data-series="0"' not in page
+    assert "No late-row audit recorded for this query" in page
+
+
 @pytest.mark.parametrize(
     ("args", "code", "says"),
     [

@@ -108,7 +108,8 @@ def chart_set(
             *_state(history, findings, salt),
             _inputs(history, salt),
         ]
-    return [chart for chart in charts if chart is not None]
+    # a chart without a series (a stateless query has no watermark) would be an empty frame
+    return [chart for chart in charts if chart is not None and chart.series > 0]
 
 
 # -- charts ---------------------------------------------------------------------------------------
@@ -150,7 +151,7 @@ def _timeline(h: QueryHistory, salt: str) -> Chart:
     _restarts(ax, h)
     _batch_axis(ax, h)
     _time_axis(ax, "y", "event time (UTC)")
-    ax.legend(loc="upper left", fontsize=8, ncols=3)
+    _legend(ax, loc="upper left", fontsize=8, ncols=3)
     return Chart(
         "timeline",
         "Watermark and event time",
@@ -177,7 +178,7 @@ def _lag(h: QueryHistory, salt: str) -> Chart:
     _batch_axis(ax, h)
     ax.set_ylabel("watermark lag (seconds)")
     ax.set_ylim(bottom=0)
-    ax.legend(loc="upper left", fontsize=8)
+    _legend(ax, loc="upper left", fontsize=8)
     return Chart(
         "lag",
         "Watermark lag p50 / p95",
@@ -230,7 +231,7 @@ def _late_per_batch(h: QueryHistory, salt: str) -> Chart:
     ax.set_ylabel("rows per batch")
     ax.set_ylim(bottom=0)
     if count:
-        ax.legend(loc="upper left", fontsize=8)
+        _legend(ax, loc="upper left", fontsize=8)
     return Chart(
         "late_per_batch",
         "Late rows per batch",
@@ -295,7 +296,7 @@ def _histogram(h: QueryHistory, late_rows: Mapping[str, Any] | None, salt: str) 
     ax.set_xlabel("seconds (log scale; the first bar holds 0.1 s and less)")
     ax.set_ylabel("late rows")
     ax.set_ylim(top=top * 1.3)  # room for the legend above the bars
-    ax.legend(loc="upper left", fontsize=8, ncols=2)
+    _legend(ax, loc="upper left", fontsize=8, ncols=2)
     return Chart(
         "histogram",
         "How late the late rows were",
@@ -382,7 +383,7 @@ def _state(h: QueryHistory, findings: Sequence[Mapping[str, Any]], salt: str) ->
         _batch_axis(ax, h)
         ax.set_ylabel(f"{unit}{f' ({suffix.strip()})' if suffix else ' (rows)'}")
         ax.set_ylim(bottom=0)
-        ax.legend(loc="upper left", fontsize=8)
+        _legend(ax, loc="upper left", fontsize=8)
         charts.append(Chart(key, title, explanation, _svg(fig, f"{salt}-{key}"), len(h.operators)))
     return charts
 
@@ -433,7 +434,8 @@ def _inputs(h: QueryHistory, salt: str) -> Chart | None:
     _batch_axis(ax, h)
     _time_axis(ax, "y", "event time (UTC)")
     policy = h.watermarks.policy if h.watermarks else None
-    ax.legend(
+    _legend(
+        ax,
         loc="upper left",
         fontsize=7,
         ncols=2,
@@ -504,6 +506,12 @@ def _series(
         ms=3,
     )
     line.set_gid(f"series-{index}")
+
+
+def _legend(ax: Axes, **options: Any) -> None:
+    """A legend, when something is drawn with a label (matplotlib warns on an empty one)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**options)
 
 
 def _restarts(ax: Axes, h: QueryHistory) -> None:
