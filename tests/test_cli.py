@@ -83,7 +83,7 @@ def test_bad_since_is_a_usage_error(db: Path, since: str) -> None:
 def test_bad_format_is_a_usage_error(db: Path) -> None:
     code, _, err = invoke("report", "--db", str(db), "--format", "xml")
     assert code == 2
-    assert one_line(err) == "wmwatch report: --format 'xml' is not one of table, json, csv"
+    assert one_line(err) == "wmwatch report: --format 'xml' is not one of table, json, csv, html"
 
 
 def test_missing_db(tmp_path: Path) -> None:

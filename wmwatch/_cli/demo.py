@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -46,8 +46,8 @@ def demo(
     """Stream an out-of-order event stream through a windowed count, watched by wmwatch.
 
     Generates its own input (files landing every half second, about 5% of rows late), serves
-    Prometheus metrics while it runs, keeps history in <workdir>/wmwatch.duckdb, and prints the
-    report at the end.
+    Prometheus metrics while it runs, keeps history in <workdir>/wmwatch.duckdb, prints the
+    report at the end and writes it as charts to <workdir>/report.html.
     """
     try:
         import pyspark  # noqa: F401
@@ -82,5 +82,21 @@ def demo(
         + ".\n"
     )
     with open_readonly(result.db) as con:
-        render_table(build_report(con, db=str(result.db)), console)
+        built = build_report(con, db=str(result.db))
+        render_table(built, console)
+        page = _write_html(con, built, workdir / "report.html")
     console.print(f"\nHistory: {result.db}   (try: wmwatch report --db {result.db} --format json)")
+    console.print(page)
+
+
+def _write_html(con: Any, built: Any, target: Path) -> str:
+    """The HTML report next to the history; a line saying where it is, or what it needs."""
+    from wmwatch._report.html import MISSING_EXTRA, html_available
+
+    if not html_available():
+        return f"HTML report: not written, {MISSING_EXTRA}"
+    from wmwatch._report.history import load_history
+    from wmwatch._report.html import render_html
+
+    target.write_text(render_html(built, load_history(con, built)), encoding="utf-8")
+    return f"HTML report: {target.resolve()}"

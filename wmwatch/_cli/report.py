@@ -1,18 +1,20 @@
-"""The ``wmwatch report`` command: options, failures as one line, output to stdout.
+"""The ``wmwatch report`` command: options, failures as one line, output to stdout or a file.
 
-Building is in :mod:`wmwatch._report.build`, rendering in :mod:`wmwatch._report.render`; duckdb and
-rich are imported inside the command so that ``wmwatch --help`` stays instant.
+Building is in :mod:`wmwatch._report.build`, rendering in :mod:`wmwatch._report.render` (the HTML
+page in :mod:`wmwatch._report.html`); duckdb, rich and matplotlib are imported inside the command
+so that ``wmwatch --help`` stays instant.
 """
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-FORMATS = ("table", "json", "csv")
+FORMATS = ("table", "json", "csv", "html")
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -38,8 +40,19 @@ def report(
     ] = None,
     output_format: Annotated[
         str,
-        typer.Option("--format", "-f", help="table (for people), json or csv (for scripts)."),
+        typer.Option(
+            "--format",
+            "-f",
+            help="table (for people), json or csv (for scripts), html (one self-contained page "
+            "of charts; needs wmwatch[html]).",
+        ),
     ] = "table",
+    output: Annotated[
+        str,
+        typer.Option(
+            "--output", "-o", help="Write the report to this file instead of stdout ('-')."
+        ),
+    ] = "-",
     timeout_seconds: Annotated[
         float,
         typer.Option(
@@ -54,6 +67,14 @@ def report(
     fmt = output_format.strip().lower()
     if fmt not in FORMATS:
         raise _fail(f"--format {output_format!r} is not one of {', '.join(FORMATS)}", 2)
+    if fmt == "html":
+        from wmwatch._report.html import MISSING_EXTRA, html_available
+
+        if not html_available():
+            raise _fail(MISSING_EXTRA, 1)
+    target = None if output == "-" else Path(output)
+    if target is not None and not target.parent.is_dir():
+        raise _fail(f"--output {output}: folder {target.parent} does not exist", 2)
     from wmwatch._report.build import parse_since
 
     since_at = None
@@ -71,9 +92,14 @@ def report(
     from wmwatch._store.writer import open_readonly
     from wmwatch._text import first_line
 
+    histories: dict[str, Any] = {}
     try:
         with open_readonly(db, timeout=timeout_seconds) as con:
             result = build_report(con, db=str(db), query=query, since_at=since_at)
+            if fmt == "html":
+                from wmwatch._report.history import load_history
+
+                histories = dict(load_history(con, result))
     except StoreError as exc:
         raise _fail(str(exc), 1) from None
     except UnknownQueryError as exc:
@@ -81,11 +107,36 @@ def report(
     except duckdb.Error as exc:
         raise _fail(f"cannot read {db}: {first_line(str(exc)) or type(exc).__name__}", 1) from None
 
-    if fmt == "json":
-        sys.stdout.write(render_json(result))
-    elif fmt == "csv":
-        sys.stdout.write(render_csv(result))
-    else:
+    if fmt == "table":
         from rich.console import Console
 
-        render_table(result, Console(highlight=False))
+        if target is None:
+            render_table(result, Console(highlight=False))
+            return
+        text = io.StringIO()
+        render_table(result, Console(file=text, highlight=False, width=120))
+        _write(target, text.getvalue())
+        return
+    if fmt == "json":
+        doc = render_json(result)
+    elif fmt == "csv":
+        doc = render_csv(result)
+    else:
+        from wmwatch._report.html import render_html
+
+        doc = render_html(result, histories)
+    if target is None:
+        sys.stdout.write(doc)
+    else:
+        _write(target, doc)
+
+
+def _write(target: Path, text: str) -> None:
+    """Write the whole report or nothing: a reader never sees half a file."""
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(target)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise _fail(f"cannot write {target}: {exc.strerror or exc}", 1) from None
