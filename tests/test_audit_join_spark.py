@@ -62,7 +62,11 @@ def run_join(
     name: str,
     batching: str,
     watermark: str = "both",
+    left_side: Callable[[Any], Any] | None = None,
+    right_side: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any]:
+    """Run ``build(left, right)`` with the audit on; ``left_side``/``right_side`` shape an input
+    before the join (and are the audit's ``prepare`` for it)."""
     (folder / "l").mkdir(parents=True)
     (folder / "r").mkdir(parents=True)
     left_reader = spark.readStream.schema(LEFT_SCHEMA)
@@ -82,6 +86,10 @@ def run_join(
         left = left.withWatermark("lt", DELAY)
     if watermark in ("both", "right"):
         right = right.withWatermark("rt", DELAY)
+    if left_side is not None:
+        left = left_side(left)
+    if right_side is not None:
+        right = right_side(right)
     writer = (
         build(left, right)
         .writeStream.format("memory")
@@ -96,7 +104,7 @@ def run_join(
     watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry)
     query = writer.start()
     try:
-        handle = watch.audit(query, [right, left])  # any order
+        handle = watch.audit(query, [right, left], prepare=[right_side, left_side])  # any order
         if batching == "bulk":
             query.awaitTermination(180)
         else:
@@ -262,6 +270,24 @@ def test_join_on_event_time_key(spark: Any, stream_dir: Path) -> None:
         batching="each",
     )
     check_join(result, sides=("left", "right"))
+
+
+def test_join_on_event_time_windows(spark: Any, stream_dir: Path) -> None:
+    """Windows in the join keys: each side's late rule judges its window's end."""
+    from pyspark.sql import functions as F
+
+    result = run_join(
+        spark,
+        stream_dir,
+        lambda left, right: left.join(right, F.expr("lk = rk AND lw = rw")),
+        name="join_key_window",
+        batching="each",
+        left_side=lambda f: f.select("lid", "lk", F.window("lt", "10 seconds").alias("lw")),
+        right_side=lambda f: f.select("rid", "rk", F.window("rt", "10 seconds").alias("rw")),
+    )
+    check_join(result, sides=("left", "right"))
+    for _batch, event_ms, wm_ms, *_ in result["late"]:
+        assert event_ms % 10_000 == 0 and event_ms <= wm_ms  # the window's end was judged
 
 
 def test_union_of_two_sources_balances(spark: Any, stream_dir: Path) -> None:

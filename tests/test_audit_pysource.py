@@ -101,13 +101,13 @@ class SimpleCountingReader(SimpleDataSourceStreamReader):
         return iter([(i, epoch(i)) for i in range(start["rows"], end["rows"])])
 
 
-class SimpleCountingSource(CountingSource):
+class SimpleCountingSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return "wmwatch_test_simple_counting"
 
-    def streamReader(self, schema: Any) -> CountingReader:  # noqa: N802
-        raise NotImplementedError
+    def schema(self) -> str:
+        return "id int, epoch long"
 
     def simpleStreamReader(self, schema: Any) -> SimpleCountingReader:  # noqa: N802
         return SimpleCountingReader(self.options)

@@ -130,6 +130,7 @@ class Replayer:
     def late_rows_frame(self, item: ReplayInput, raw: Any, late_wm_ms: int) -> Any:
         """A DataFrame of the late rows of one input's raw rows, in :data:`LATE_ROW_COLUMNS`."""
         from pyspark.sql import functions as F
+        from pyspark.sql.types import StructType
 
         frame = item.prepare(raw) if item.prepare is not None else raw
         has_source = SOURCE_FILE_COL in frame.columns
@@ -147,7 +148,10 @@ class Replayer:
                 if missing:
                     raise ConfigError(f"columns= names {missing} that the events do not have.")
             own_columns = [c for c in self.columns if c in own_columns]
-        ts = F.col(ts_name).cast("timestamp")
+        column = frame.schema[ts_name]
+        struct_end = isinstance(column.dataType, StructType) and "end" in column.dataType.names
+        # a window struct (a join keyed by windows) is judged by its end, as Spark does
+        ts = F.col(f"{ts_name}.end" if struct_end else ts_name).cast("timestamp")
         watermark = F.timestamp_millis(F.lit(late_wm_ms))
         # A late row is never newer than the watermark (a window or session ends after each of
         # its rows), and this form of the predicate reaches the file reader: Parquet and ORC
@@ -165,6 +169,9 @@ class Replayer:
             )
             window_start = F.unix_micros(F.col(f"{_WINDOW_COL}.start"))
             window_end = F.unix_micros(F.col(f"{_WINDOW_COL}.end"))
+        elif struct_end:
+            window_start = F.unix_micros(F.col(f"{ts_name}.start").cast("timestamp"))
+            window_end = F.unix_micros(ts)
         elif spec.kind == SESSION:
             # the session the row opens on its own: [ts, ts + gap); Spark drops the row when
             # that session would have ended by the watermark

@@ -14,7 +14,7 @@ from wmwatch._audit.auditor import Auditor
 from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root
 from wmwatch._audit.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
-from wmwatch._audit.predicates import OperatorSpec
+from wmwatch._audit.predicates import JOIN, OperatorSpec
 from wmwatch._audit.pysource import PythonBatchSource, is_python_source, python_source_of
 from wmwatch._audit.replay import Replayer, ReplayInput
 from wmwatch._audit.sinks import AuditHistory
@@ -136,12 +136,11 @@ def _replay_inputs(
                 raise AuditError(f"cannot audit source {index}: {planned.reason}.")
             continue  # Spark drops none of this source's rows: nothing to replay
         spec = planned.spec
-        if len(events) > 1:
-            columns = set(frame.columns)
-            if spec.event_time_column not in columns:
-                own = _watermarked_column(frame)
-                if own is not None:
-                    spec = replace(spec, event_time_column=own)
+        own = _watermarked_column(frame)
+        if own is not None and (spec.kind == JOIN or spec.event_time_column not in frame.columns):
+            # a join side judges the one column of its input that carries the watermark, which
+            # is a window struct when the join keys hold windows
+            spec = replace(spec, event_time_column=own)
         inputs.append(
             ReplayInput(
                 source=make_source(index),
