@@ -1,11 +1,14 @@
 """A Spark driver for the audit crash test: run a windowed query with the audit, print status.
 
-    python -m tests.audit_crash_driver <folder> run [join]     # loop until killed
-    python -m tests.audit_crash_driver <folder> finish [join]  # process what is there, sync, exit 0
+    python -m tests.audit_crash_driver <folder> run [shape]     # loop until killed
+    python -m tests.audit_crash_driver <folder> finish [shape]  # process what is there, sync
 
-The window query reads <folder>/in; the join query (``join``) joins <folder>/l with <folder>/r
-on a key and a time range. Both write Parquet to <folder>/out (exactly once through the file
-sink's log), checkpoint to <folder>/checkpoint and audit into <folder>/history.duckdb.
+Shapes: ``window`` (the default) counts <folder>/in per 10 s window; ``join`` joins <folder>/l
+with <folder>/r on a key and a time range; ``kinds`` runs three queries over <folder>/in (a
+session window, an aggregation keyed by the event time, applyInPandasWithState with an
+event-time timeout). One query writes Parquet to <folder>/out and checkpoints to
+<folder>/checkpoint; several use <folder>/out-<name> and <folder>/checkpoint-<name>. All audit
+into <folder>/history.duckdb.
 Status lines are JSON on stdout, one per loop.
 """
 
@@ -15,6 +18,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 
 def main(folder: str, mode: str, shape: str = "window") -> int:
@@ -37,6 +41,15 @@ def main(folder: str, mode: str, shape: str = "window") -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    def read_events() -> Any:
+        return (
+            spark.readStream.schema("id int, user string, ts timestamp")
+            .json(f"{folder}/in")
+            .withWatermark("ts", "10 seconds")
+        )
+
+    # name -> (result, events, output mode); each has its own checkpoint and output folder
+    queries: dict[str, tuple[Any, Any, str]] = {}
     if shape == "join":
         left = (
             spark.readStream.schema("lid int, lk string, lt timestamp")
@@ -49,38 +62,79 @@ def main(folder: str, mode: str, shape: str = "window") -> int:
             .withWatermark("rt", "10 seconds")
         )
         condition = "lk = rk AND lt BETWEEN rt - INTERVAL 5 SECONDS AND rt + INTERVAL 5 SECONDS"
-        result = left.join(right, F.expr(condition))
-        events: object = [left, right]
-    else:
-        source = (
-            spark.readStream.schema("id int, user string, ts timestamp")
-            .json(f"{folder}/in")
-            .withWatermark("ts", "10 seconds")
+        queries["join"] = (left.join(right, F.expr(condition)), [left, right], "append")
+    elif shape == "kinds":
+        session = read_events()
+        queries["session"] = (
+            session.groupBy("user", F.session_window("ts", "5 seconds")).count(),
+            session,
+            "append",
         )
-        result = source.groupBy(F.window("ts", "10 seconds")).count()
-        events = source
-    query = (
-        result.writeStream.format("parquet")
-        .outputMode("append")
-        .option("path", f"{folder}/out")
-        .option("checkpointLocation", f"{folder}/checkpoint")
-        .start()
-    )
+        keyed = read_events()
+        queries["aggregate"] = (keyed.groupBy("user", "ts").count(), keyed, "append")
+        state = read_events()
+        queries["state"] = (
+            state.groupBy("user").applyInPandasWithState(
+                _seen_rows, "id int", "n int", "append", "EventTimeTimeout"
+            ),
+            state,
+            "append",
+        )
+    else:
+        source = read_events()
+        queries["window"] = (source.groupBy(F.window("ts", "10 seconds")).count(), source, "append")
     watch = wmwatch.attach(spark, db=f"{folder}/history.duckdb", metrics_port=None)
-    handle = watch.audit(query, events, poll_interval_seconds=0.2)
+    running = []
+    for name, (result, events, mode_) in queries.items():
+        # the window and join shapes keep their first layout (one query, plain folder names)
+        suffix = "" if len(queries) == 1 else f"-{name}"
+        query = (
+            result.writeStream.format("parquet")
+            .queryName(name)
+            .outputMode(mode_)
+            .option("path", f"{folder}/out{suffix}")
+            .option("checkpointLocation", f"{folder}/checkpoint{suffix}")
+            .start()
+        )
+        running.append((query, watch.audit(query, events, poll_interval_seconds=0.2)))
+
+    def status() -> dict[str, Any]:
+        each = [handle.status() for _, handle in running]
+        first = dict(each[0])
+        first["batches_audited"] = min(int(s["batches_audited"]) for s in each)
+        first["per_query"] = {s["query"]: s["batches_audited"] for s in each}
+        return first
+
     if mode == "finish":
-        query.processAllAvailable()
-        ok = handle.sync(120) and watch.flush(30)
-        print(json.dumps({"done": ok, **handle.status()}), flush=True)
-        handle.stop()
-        query.stop()
+        for query, _ in running:
+            query.processAllAvailable()
+        ok = all(handle.sync(120) for _, handle in running) and watch.flush(30)
+        print(json.dumps({"done": ok, **status()}), flush=True)
+        for query, handle in running:
+            handle.stop()
+            query.stop()
         watch.close()
         spark.stop()
         return 0 if ok else 1
     while True:
-        query.processAllAvailable()
-        print(json.dumps(handle.status()), flush=True)
+        for query, _ in running:
+            query.processAllAvailable()
+        watch.flush(10)  # progress on disk before a kill, so the test can compare counts
+        print(json.dumps(status()), flush=True)
         time.sleep(0.2)
+
+
+def _seen_rows(key: Any, frames: Any, state: Any) -> Any:
+    """Emit the id of every row the state function is given (the rows it did not drop)."""
+    import pandas as pd
+
+    for frame in frames:
+        yield pd.DataFrame({"id": frame["id"].astype("int32")})
+    if state.hasTimedOut:
+        state.remove()
+    else:
+        state.update((1,))
+        state.setTimeoutTimestamp(state.getCurrentWatermarkMs() + 60_000)
 
 
 if __name__ == "__main__":
