@@ -38,6 +38,10 @@ def main(folder: str, mode: str, shape: str = "window") -> int:
         .config("spark.scheduler.mode", "FAIR")
         .config("spark.driver.memory", "512m")
         .config("spark.sql.adaptive.enabled", "false")
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -78,6 +82,24 @@ def main(folder: str, mode: str, shape: str = "window") -> int:
                 _seen_rows, "id int", "n int", "append", "EventTimeTimeout"
             ),
             state,
+            "append",
+        )
+        tws = read_events()
+        queries["tws"] = (
+            tws.groupBy("user").transformWithStateInPandas(
+                statefulProcessor=_Seen(),
+                outputStructType="id int",
+                outputMode="Append",
+                timeMode="EventTime",
+            ),
+            tws,
+            "append",
+        )
+        # one directory read by two sources: each is replayed from its own source log
+        first, second = read_events(), read_events()
+        queries["union"] = (
+            first.unionByName(second).dropDuplicates(["id", "ts"]),
+            [first, second],
             "append",
         )
     else:
@@ -122,6 +144,31 @@ def main(folder: str, mode: str, shape: str = "window") -> int:
         watch.flush(10)  # progress on disk before a kill, so the test can compare counts
         print(json.dumps(status()), flush=True)
         time.sleep(0.2)
+
+
+def _seen_class() -> type:
+    from pyspark.sql.streaming import StatefulProcessor
+
+    class Seen(StatefulProcessor):
+        """Emits the id of every row it is given (the rows transformWithState did not drop)."""
+
+        def init(self, handle: Any) -> None:
+            self.handle = handle
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802, N803
+            import pandas as pd
+
+            for frame in rows:
+                yield pd.DataFrame({"id": frame["id"].astype("int32")})
+
+        def close(self) -> None:
+            pass
+
+    return Seen
+
+
+def _Seen() -> Any:  # noqa: N802
+    return _seen_class()()
 
 
 def _seen_rows(key: Any, frames: Any, state: Any) -> Any:

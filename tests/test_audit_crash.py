@@ -195,11 +195,12 @@ def test_sigkill_mid_join_then_restart_balances(spark: Any, stream_dir: Path) ->
 
 
 def test_sigkill_mid_stream_then_restart_balances_every_kind(spark: Any, stream_dir: Path) -> None:
-    """Three audited queries in one driver (a session window, an aggregation keyed by the event
-    time, applyInPandasWithState with an event-time timeout), killed and restarted: each late
-    row once, every committed batch marked, and every batch whose progress reached the history
-    has as many late rows (state function) or late groups (aggregations, as Spark counts them
-    after partial aggregation) as Spark counted."""
+    """Five audited queries in one driver (a session window, an aggregation keyed by the event
+    time, applyInPandasWithState with an event-time timeout, transformWithStateInPandas in
+    event-time mode, a union of two sources into a deduplication), killed and restarted: each
+    late row once, every committed batch marked, and every batch whose progress reached the
+    history has as many late rows (state functions, deduplication) or late groups (aggregations,
+    as Spark counts them after partial aggregation) as Spark counted."""
     files = stream_files()
     for f in files[:3]:
         write_events(stream_dir / "in", f)
@@ -225,16 +226,18 @@ def test_sigkill_mid_stream_then_restart_balances_every_kind(spark: Any, stream_
         ids = dict(con.execute("SELECT query_name, query_id FROM queries").fetchall())
         for name, group in (
             ("state", lambda batch, source, row: (batch, row["id"])),
+            ("tws", lambda batch, source, row: (batch, row["id"])),
+            ("union", lambda batch, source, row: (batch, source, row["id"])),
             ("aggregate", lambda batch, source, row: (batch, row["user"], row["ts"])),
             ("session", lambda batch, source, row: (batch, source, row["user"], row["ts"])),
         ):
             query_id = ids[name]
             late = con.execute(
-                "SELECT batch_id, source_file, row_data::VARCHAR, operator_kind FROM late_rows "
-                "WHERE query_id = ?",
+                "SELECT batch_id, source_file || '#' || source_index, row_data::VARCHAR, "
+                "operator_kind FROM late_rows WHERE query_id = ?",
                 [query_id],
             ).fetchall()
-            late_ids = [json.loads(data)["id"] for _, _, data, _ in late]
+            late_ids = [(src, json.loads(data)["id"]) for _, src, data, _ in late]
             assert late_ids and len(late_ids) == len(set(late_ids)), name
             marks = sorted(
                 r[0]
