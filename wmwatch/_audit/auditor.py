@@ -17,6 +17,10 @@ batch N, replay exactly N's input and apply N's late-row rule in Spark.
   the batches already marked.
 - *Bounded, whatever the data does*: the replay (:mod:`wmwatch._audit.replay`) moves late rows
   to the driver a chunk at a time and runs every Spark job under a deadline.
+- *Falling behind*: Spark keeps ``spark.sql.streaming.minBatchesToRetain`` batches of offsets;
+  the audit exports how many batches remain before the oldest one it still needs is purged, and
+  a batch whose entries are gone is logged with the reason, counted as lost and passed over, so
+  the batches after it are still audited.
 
 The work runs on the audit's own thread in its own FAIR scheduler pool; the plugin hook on the
 watch's worker thread only records "batch N finished, min event time X" and wakes that thread.
@@ -31,12 +35,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from wmwatch._audit.checkpoint import CheckpointReader
+from wmwatch._audit.checkpoint import (
+    MIN_BATCHES_TO_RETAIN_KEY,
+    CheckpointEntryGone,
+    CheckpointReader,
+    batches_until_purge,
+    min_batches_to_retain,
+)
 from wmwatch._audit.predicates import OperatorSpec, batch_may_have_late_rows
 from wmwatch._audit.replay import Replayer
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows, LateRow
 
 log = logging.getLogger("wmwatch.audit")
+
+# Lost batches logged one line each per pass; the rest of a larger gap gets one summary line.
+_LOST_LINES_PER_PASS = 20
 
 
 @dataclass
@@ -59,6 +72,11 @@ class _Counters:
     batches_over_cap: int = 0
     errors: int = 0
     last_error: str | None = None
+    batches_lost: int = 0
+    last_lost_batch: int | None = None
+    last_lost_reason: str | None = None
+    min_batches_to_retain: int | None = None
+    retention_batches_remaining: int | None = None
     last_audited_batch: int | None = None
     latest_committed_batch: int | None = None
     oldest_pending_commit_mtime_seconds: float | None = None
@@ -102,6 +120,9 @@ class Auditor:
         self._progress: dict[int, _BatchInfo] = {}
         self._done: set[int] = set()
         self._floor: int | None = None
+        # batches below this were checked for purged entries already
+        self._gap_checked_below = 0
+        self._retain: int | None = None
         self._counters = _Counters()
         self._audited_cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -155,7 +176,11 @@ class Auditor:
             audited = self.history.audited_batches()
         with self._lock:
             self._done = set(audited)
-            self._floor = min(audited) if audited else None
+            # Batches are audited (or found lost) in order, so everything up to the last marked
+            # batch was handled by an earlier audit. Without history the audit answers for the
+            # query from its first batch: batches the checkpoint no longer holds are reported
+            # as lost rather than passed over.
+            self._floor = max(audited) + 1 if audited else 0
             self._counters.batches_audited = 0
             if audited:
                 self._counters.last_audited_batch = max(audited)
@@ -194,8 +219,8 @@ class Auditor:
     def _pending_target(self) -> list[int]:
         committed = self.checkpoint.committed_batches()
         with self._lock:
-            floor = self._floor if self._floor is not None else self._first_auditable(committed)
-        return [b for b in committed if floor is not None and b >= floor]
+            floor = self._floor if self._floor is not None else 0
+        return [b for b in committed if b >= floor]
 
     def _all_done_up_to(self, target: list[int]) -> bool:
         return all(b in self._done for b in target)
@@ -236,19 +261,14 @@ class Auditor:
                 "errors": c.errors,
                 "last_error": c.last_error,
                 "replay_seconds": c.replay_seconds,
+                "batches_lost": c.batches_lost,
+                "last_lost_batch": c.last_lost_batch,
+                "last_lost_reason": c.last_lost_reason,
+                "min_batches_to_retain": c.min_batches_to_retain,
+                "retention_batches_remaining": c.retention_batches_remaining,
             }
 
     # -- the loop ---------------------------------------------------------------------------------
-
-    def _first_auditable(self, committed: list[int]) -> int | None:
-        """The oldest committed batch whose late-row watermark the checkpoint still holds."""
-        if not committed:
-            return None
-        offsets = set(self.checkpoint.offset_batches())
-        for b in committed:
-            if b == 0 or (b - 1) in offsets:
-                return b
-        return None
 
     def _run(self) -> None:
         self.replayer.join_pool()
@@ -282,27 +302,114 @@ class Auditor:
         """Audit committed batches in order; True when every one of them is done."""
         committed = self.checkpoint.committed_batches()
         with self._lock:
-            if self._floor is None:
-                self._floor = self._first_auditable(committed)
-            floor = self._floor
-            pending = [
-                b for b in committed if floor is not None and b >= floor and b not in self._done
-            ]
+            floor = self._floor if self._floor is not None else 0
+            self._floor = floor
+            pending = [b for b in committed if b >= floor and b not in self._done]
             self._counters.latest_committed_batch = committed[-1] if committed else None
             self._counters.oldest_pending_commit_mtime_seconds = (
                 self.checkpoint.commit_mtime_seconds(pending[0]) if pending else None
             )
+        self._lose_purged_gap(committed, floor)
+        self._update_retention(pending[0] if pending else None, committed)
         for batch_id in pending:
             if self._stop.is_set():
                 return False
-            if not self._audit_batch(batch_id):
-                return False  # waiting for this batch's progress; batches are audited in order
+            try:
+                if not self._audit_batch(batch_id):
+                    return False  # waiting for this batch's progress; batches go in order
+            except CheckpointEntryGone as exc:
+                self._lose([batch_id], str(exc))
             with self._lock:
                 rest = [b for b in pending if b not in self._done]
                 self._counters.oldest_pending_commit_mtime_seconds = (
                     self.checkpoint.commit_mtime_seconds(rest[0]) if rest else None
                 )
+            self._update_retention(rest[0] if rest else None, committed)
         return True
+
+    # -- retention: how close the checkpoint's purge is, and batches it took ---------------------
+
+    def _retain_batches(self) -> int:
+        """``minBatchesToRetain`` of the query: its offset log's conf, else its session's."""
+        if self._retain is None:
+            latest = self.checkpoint.latest_offsets()
+            self._retain = min_batches_to_retain(
+                latest.conf if latest is not None else {}, self._session_retain_value()
+            )
+        return self._retain
+
+    def _session_retain_value(self) -> str | None:
+        """The value in the session the query runs with (classic PySpark), else the caller's."""
+        spark = self.replayer.spark
+        try:
+            query = spark.streams.get(self.query_id)
+            jsq = getattr(query, "_jsq", None) if query is not None else None
+            if jsq is not None:
+                value = jsq.streamingQuery().sparkSession().conf().get(
+                    MIN_BATCHES_TO_RETAIN_KEY, None
+                )
+                if value is not None:
+                    return str(value)
+        except Exception:  # noqa: BLE001 - the session's own conf is the next best answer
+            pass
+        try:
+            value = spark.conf.get(MIN_BATCHES_TO_RETAIN_KEY, None)
+        except Exception:  # noqa: BLE001 - Spark's default then
+            return None
+        return None if value is None else str(value)
+
+    def _update_retention(self, oldest_pending: int | None, committed: list[int]) -> None:
+        retain = self._retain_batches()
+        offsets = self.checkpoint.offset_batches()
+        if oldest_pending is None:
+            # caught up: the next batch to audit is the one after the last commit
+            oldest_pending = committed[-1] + 1 if committed else 0
+        remaining = (
+            retain if not offsets else batches_until_purge(oldest_pending, offsets[-1], retain)
+        )
+        with self._lock:
+            self._counters.min_batches_to_retain = retain
+            self._counters.retention_batches_remaining = max(0, remaining)
+
+    def _lose_purged_gap(self, committed: list[int], floor: int) -> None:
+        """Batches below the oldest commit the checkpoint still holds, never audited: lost."""
+        if not committed:
+            return
+        with self._lock:
+            start = max(floor, self._gap_checked_below)
+            gone = [b for b in range(start, committed[0]) if b not in self._done]
+            self._gap_checked_below = max(self._gap_checked_below, committed[0])
+        if gone:
+            self._lose(
+                gone,
+                "its offsets and commit were purged from the checkpoint before the audit reached "
+                f"it (Spark keeps spark.sql.streaming.minBatchesToRetain={self._retain_batches()} "
+                "batches); raise that setting or keep the audit closer to the query.",
+            )
+
+    def _lose(self, batch_ids: list[int], reason: str) -> None:
+        """Batches that can never be audited: one log line each (bounded), counted, passed."""
+        for batch_id in batch_ids[:_LOST_LINES_PER_PASS]:
+            log.warning(
+                "wmwatch: audit of %s lost batch %d, not audited: %s", self.label, batch_id, reason
+            )
+        if len(batch_ids) > _LOST_LINES_PER_PASS:
+            log.warning(
+                "wmwatch: audit of %s lost %d more batches (%d to %d), not audited: %s",
+                self.label,
+                len(batch_ids) - _LOST_LINES_PER_PASS,
+                batch_ids[_LOST_LINES_PER_PASS],
+                batch_ids[-1],
+                reason,
+            )
+        with self._audited_cond:
+            self._done.update(batch_ids)
+            c = self._counters
+            c.batches_lost += len(batch_ids)
+            previous = [] if c.last_lost_batch is None else [c.last_lost_batch]
+            c.last_lost_batch = max(batch_ids + previous)
+            c.last_lost_reason = reason
+            self._audited_cond.notify_all()
 
     def _audit_batch(self, batch_id: int) -> bool:
         """Audit one committed batch; False when it should wait a moment for its progress."""
