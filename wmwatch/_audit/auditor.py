@@ -50,6 +50,13 @@ log = logging.getLogger("wmwatch.audit")
 
 # Lost batches logged one line each per pass; the rest of a larger gap gets one summary line.
 _LOST_LINES_PER_PASS = 20
+# Before a replay the audit waits for a moment when no Spark job runs, at most this many times
+# the last replay's duration: where the application never idles, the replays then take at most
+# about a tenth of its time (FIFO ignores pools, so this is how the audit yields there).
+YIELD_FACTOR = 9.0
+_YIELD_MIN_SECONDS = 1.0
+_YIELD_MAX_SECONDS = 60.0
+_YIELD_POLL_SECONDS = 0.05
 
 
 @dataclass
@@ -81,6 +88,7 @@ class _Counters:
     latest_committed_batch: int | None = None
     oldest_pending_commit_mtime_seconds: float | None = None
     replay_seconds: float = 0.0
+    yield_seconds: float = 0.0
 
 
 class Auditor:
@@ -123,6 +131,8 @@ class Auditor:
         # batches below this were checked for purged entries already
         self._gap_checked_below = 0
         self._retain: int | None = None
+        self.yield_factor = YIELD_FACTOR
+        self._last_replay_seconds = 0.0
         self._counters = _Counters()
         self._audited_cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -156,16 +166,20 @@ class Auditor:
         with self._lock:
             return self._finish_at is not None
 
-    def _finished(self) -> bool:
+    def _finished(self, pass_started: float) -> bool:
         """Caught up after the run stopped, and long enough after it that no commit is late.
 
         Spark can deliver the termination before the run's last commit file is visible (seen
         with availableNow: the final batch's commit after the event), so one caught-up pass
-        right after the event is not proof that the run's last batch was seen.
+        right after the event is not proof that the run's last batch was seen. The pass must
+        have listed the commits that long after the event, not merely ended then (a long
+        replay would otherwise hide a commit that appeared while it ran).
         """
         with self._lock:
             finish_at = self._finish_at
-        return finish_at is not None and time.monotonic() - finish_at >= self.progress_grace_seconds
+        return (
+            finish_at is not None and pass_started - finish_at >= self.progress_grace_seconds
+        )
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -261,6 +275,7 @@ class Auditor:
                 "errors": c.errors,
                 "last_error": c.last_error,
                 "replay_seconds": c.replay_seconds,
+                "yield_seconds": c.yield_seconds,
                 "batches_lost": c.batches_lost,
                 "last_lost_batch": c.last_lost_batch,
                 "last_lost_reason": c.last_lost_reason,
@@ -275,9 +290,10 @@ class Auditor:
         failures = 0
         while not self._stop.is_set():
             try:
+                pass_started = time.monotonic()
                 caught_up = self._audit_pending()
                 failures = 0
-                if caught_up and self._finished():
+                if caught_up and self._finished(pass_started):
                     log.info("wmwatch: audit of %s finished: its query run stopped", self.label)
                     break
             except Exception as exc:
@@ -439,6 +455,7 @@ class Auditor:
         ):
             self._record(batch_id, run_id, late_wm_ms, found=BatchLateRows.nothing())
             return True
+        self._yield_to_other_jobs()
         started = time.perf_counter()
         found = self.replayer.replay(
             batch_id,
@@ -448,10 +465,37 @@ class Auditor:
             sink=self.sink,
             stage=self._stage,
         )
+        took = time.perf_counter() - started
+        self._last_replay_seconds = took
         with self._lock:
-            self._counters.replay_seconds += time.perf_counter() - started
+            self._counters.replay_seconds += took
         self._record(batch_id, run_id, late_wm_ms, found=found)
         return True
+
+    def _yield_to_other_jobs(self) -> None:
+        """Wait, bounded, until the application runs no Spark job, so the replay fills idle time.
+
+        Under FIFO a replay submitted while the production queries run takes the slots of the
+        jobs submitted after it; waiting for a moment without jobs (between micro-batches) keeps
+        it out of their way. The wait is at most ``yield_factor`` times the last replay, so where
+        the application never idles the audit still advances, using about a tenth of the time.
+        Nothing to wait for after the audited run stopped, or where Spark gives no job status.
+        """
+        if self.yield_factor <= 0 or self._finishing():
+            return
+        budget = self.yield_factor * self._last_replay_seconds
+        deadline = time.monotonic() + min(_YIELD_MAX_SECONDS, max(_YIELD_MIN_SECONDS, budget))
+        started = time.monotonic()
+        try:
+            tracker = self.replayer.spark.sparkContext.statusTracker()
+            while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+                if self._stop.wait(_YIELD_POLL_SECONDS):
+                    break
+        except Exception:  # noqa: BLE001 - no job status (Spark Connect): replay right away
+            return
+        finally:
+            with self._lock:
+                self._counters.yield_seconds += time.monotonic() - started
 
     def _progress_may_come(self, batch_id: int) -> bool:
         if self._stop.is_set():
