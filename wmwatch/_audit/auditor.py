@@ -22,8 +22,10 @@ batch N, replay exactly N's input and apply N's late-row rule in Spark.
   a batch whose entries are gone is logged with the reason, counted as lost and passed over, so
   the batches after it are still audited.
 
-The work runs on the audit's own thread in its own FAIR scheduler pool; the plugin hook on the
-watch's worker thread only records "batch N finished, min event time X" and wakes that thread.
+The work runs on the audit's own thread in its own FAIR scheduler pool, and each replay first
+waits (bounded) until the application is idle, which is how it yields under FIFO, where pools
+are ignored. The plugin hook on the watch's worker thread only records "batch N finished, min
+event time X" and wakes that thread.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ _LOST_LINES_PER_PASS = 20
 YIELD_FACTOR = 9.0
 _YIELD_MIN_SECONDS = 1.0
 _YIELD_MAX_SECONDS = 60.0
-_YIELD_POLL_SECONDS = 0.05
+_YIELD_POLL_SECONDS = 0.1
 
 
 @dataclass
@@ -472,6 +474,18 @@ class Auditor:
         self._record(batch_id, run_id, late_wm_ms, found=found)
         return True
 
+    def _application_busy(self) -> bool:
+        """A Spark job runs, or a streaming query of the session is in a trigger or has data
+        waiting (between its jobs a busy query runs none, so jobs alone would look idle)."""
+        spark = self.replayer.spark
+        if spark.sparkContext.statusTracker().getActiveJobsIds():
+            return True
+        for query in spark.streams.active:
+            status = query.status
+            if status.get("isTriggerActive") or status.get("isDataAvailable"):
+                return True
+        return False
+
     def _yield_to_other_jobs(self) -> None:
         """Wait, bounded, until the application runs no Spark job, so the replay fills idle time.
 
@@ -487,8 +501,7 @@ class Auditor:
         deadline = time.monotonic() + min(_YIELD_MAX_SECONDS, max(_YIELD_MIN_SECONDS, budget))
         started = time.monotonic()
         try:
-            tracker = self.replayer.spark.sparkContext.statusTracker()
-            while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+            while self._application_busy() and time.monotonic() < deadline:
                 if self._stop.wait(_YIELD_POLL_SECONDS):
                     break
         except Exception:  # noqa: BLE001 - no job status (Spark Connect): replay right away
