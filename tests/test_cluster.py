@@ -72,9 +72,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(30)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[str]:
-    """A standalone master and one worker (1 core, 1 GiB) on loopback; its master URL."""
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A standalone master and one worker (1 core, 1 GiB) on loopback, shared by this module's
+    tests (each driver is a process of its own); its master URL."""
+    tmp_path = tmp_path_factory.mktemp("cluster")
     home = _spark_home()
     env = {
         **os.environ,
