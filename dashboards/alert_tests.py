@@ -332,6 +332,44 @@ CASES = [
         ],
     ),
     Case(
+        name="audit near retention",
+        alert="WmwatchAuditNearRetention",
+        series={
+            # counts down while the audit falls behind, then recovers
+            "wmwatch_audit_retention_batches_remaining" + _q("behind"): "100-10x9 5x10 50x10",
+            "wmwatch_audit_retention_batches_remaining" + _q("keeping_up"): "99x30",
+        },
+        quiet_at=["5m", "25m"],
+        fires_at="17m",
+        firing=[
+            Firing(
+                {**TARGET, "query": "behind", "severity": "warning"},
+                "Late-row audit of behind loses batches in 5 more batches",
+                "The audit of behind trails the query by nearly "
+                "spark.sql.streaming.minBatchesToRetain batches: once the checkpoint purges the "
+                "offsets of the oldest batch it has not audited, that batch can never be audited.",
+            )
+        ],
+    ),
+    Case(
+        name="audit lost batches",
+        alert="WmwatchAuditBatchesLost",
+        series={
+            "wmwatch_audit_batches_lost_total" + _q("purged"): "0x30 7x60",
+            "wmwatch_audit_batches_lost_total" + _q("calm"): "0x90",
+        },
+        quiet_at=["20m", "95m"],
+        fires_at="35m",
+        firing=[
+            Firing(
+                {**TARGET, "query": "purged", "severity": "warning"},
+                "Late-row audit of purged lost batches",
+                "In the last 1h, batches of purged could not be audited: the checkpoint had "
+                "purged their offsets or source-log entries first.",
+            )
+        ],
+    ),
+    Case(
         name="late-row storm",
         alert="WmwatchLateRowStorm",
         series={

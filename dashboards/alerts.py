@@ -41,6 +41,9 @@ class Profile:
     audit_lag_batches: int = 50
     audit_lag_for: str = "30m"
     storm_window: str = "1h"
+    retention_batches: int = 20
+    retention_for: str = "5m"
+    lost_window: str = "1h"
     endpoint_down_for: str = "5m"
 
 
@@ -73,6 +76,9 @@ TEST = Profile(
     audit_lag_batches=1000,
     audit_lag_for="5s",
     storm_window="10m",
+    retention_batches=20,
+    retention_for="5s",
+    lost_window="10m",
     endpoint_down_for="5s",
 )
 
@@ -374,6 +380,46 @@ def rules(p: Profile) -> list[Rule]:
                 "The audit runs in a low-priority scheduler pool and yields to the query. Give the "
                 "driver more cores, audit fewer queries, or raise its batch interval; the audit "
                 "catches up on its own once the input slows down."
+            ),
+        ),
+        Rule(
+            alert="WmwatchAuditNearRetention",
+            expr=f"wmwatch_audit_retention_batches_remaining < {p.retention_batches}",
+            signal="wmwatch_audit_retention_batches_remaining",
+            for_=p.retention_for,
+            severity="warning",
+            summary=(
+                "Late-row audit of {{ $labels.query }} loses batches in {{ $value }} more batches"
+            ),
+            description=(
+                "The audit of {{ $labels.query }} trails the query by nearly "
+                "spark.sql.streaming.minBatchesToRetain batches: once the checkpoint purges the "
+                "offsets of the oldest batch it has not audited, that batch can never be audited."
+            ),
+            runbook=(
+                "Let the audit catch up: give the driver more cores, audit fewer queries, or raise "
+                "the query's trigger interval. To keep more headroom, raise "
+                "spark.sql.streaming.minBatchesToRetain on the query's session before it starts "
+                "(it costs a few small checkpoint files per batch). Lost batches are logged one "
+                "per line and counted in wmwatch_audit_batches_lost_total."
+            ),
+        ),
+        Rule(
+            alert="WmwatchAuditBatchesLost",
+            expr=f"increase(wmwatch_audit_batches_lost_total[{p.lost_window}]) > 0",
+            signal=f"increase(wmwatch_audit_batches_lost_total[{p.lost_window}])",
+            for_="0m",
+            severity="warning",
+            summary="Late-row audit of {{ $labels.query }} lost batches",
+            description=(
+                f"In the last {p.lost_window}, batches of {{{{ $labels.query }}}} could not be "
+                "audited: the checkpoint had purged their offsets or source-log entries first."
+            ),
+            runbook=(
+                "The late rows of those batches are unknown; the audit goes on with the batches "
+                "that follow. The driver log names each lost batch and the reason. See "
+                "WmwatchAuditNearRetention for how to keep the audit within the retention; a batch "
+                "job over the lost batches' input files can recover their late rows."
             ),
         ),
         Rule(

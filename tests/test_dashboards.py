@@ -45,6 +45,8 @@ BRIEF_METRICS = {
     "wmwatch_findings_active",
     # late-row storms: batches over the audit's max_rows_per_batch
     "wmwatch_audit_batches_over_cap_total", "wmwatch_late_rows_over_cap_total",
+    # an audit falling behind the checkpoint's retention
+    "wmwatch_audit_retention_batches_remaining", "wmwatch_audit_batches_lost_total",
 }  # fmt: skip
 
 

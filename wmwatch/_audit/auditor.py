@@ -17,9 +17,15 @@ batch N, replay exactly N's input and apply N's late-row rule in Spark.
   the batches already marked.
 - *Bounded, whatever the data does*: the replay (:mod:`wmwatch._audit.replay`) moves late rows
   to the driver a chunk at a time and runs every Spark job under a deadline.
+- *Falling behind*: Spark keeps ``spark.sql.streaming.minBatchesToRetain`` batches of offsets;
+  the audit exports how many batches remain before the oldest one it still needs is purged, and
+  a batch whose entries are gone is logged with the reason, counted as lost and passed over, so
+  the batches after it are still audited.
 
-The work runs on the audit's own thread in its own FAIR scheduler pool; the plugin hook on the
-watch's worker thread only records "batch N finished, min event time X" and wakes that thread.
+The work runs on the audit's own thread in its own FAIR scheduler pool, and each replay first
+waits (bounded) until the application is idle, which is how it yields under FIFO, where pools
+are ignored. The plugin hook on the watch's worker thread only records "batch N finished, min
+event time X" and wakes that thread.
 """
 
 from __future__ import annotations
@@ -31,12 +37,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.checkpoint import CheckpointReader
+from wmwatch._audit.checkpoint import (
+    MIN_BATCHES_TO_RETAIN_KEY,
+    CheckpointEntryGone,
+    CheckpointReader,
+    batches_until_purge,
+    min_batches_to_retain,
+)
 from wmwatch._audit.predicates import OperatorSpec, batch_may_have_late_rows
 from wmwatch._audit.replay import Replayer
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows, LateRow
 
 log = logging.getLogger("wmwatch.audit")
+
+# Lost batches logged one line each per pass; the rest of a larger gap gets one summary line.
+_LOST_LINES_PER_PASS = 20
+# Before a replay the audit waits for a moment when no Spark job runs, at most this many times
+# the last replay's duration: where the application never idles, the replays then take at most
+# about a tenth of its time (FIFO ignores pools, so this is how the audit yields there).
+YIELD_FACTOR = 9.0
+_YIELD_MIN_SECONDS = 1.0
+_YIELD_MAX_SECONDS = 60.0
+_YIELD_POLL_SECONDS = 0.1
 
 
 @dataclass
@@ -59,12 +81,18 @@ class _Counters:
     batches_over_cap: int = 0
     errors: int = 0
     last_error: str | None = None
+    batches_lost: int = 0
+    last_lost_batch: int | None = None
+    last_lost_reason: str | None = None
+    min_batches_to_retain: int | None = None
+    retention_batches_remaining: int | None = None
     last_audited_batch: int | None = None
     latest_committed_batch: int | None = None
     oldest_pending_commit_mtime_seconds: float | None = None
     replay_seconds: float = 0.0
     # (operator index, kind, join side) -> late rows found
     by_operator: dict[tuple[int, str, str | None], int] = field(default_factory=dict)
+    yield_seconds: float = 0.0
 
 
 class Auditor:
@@ -105,6 +133,11 @@ class Auditor:
         self._progress: dict[int, _BatchInfo] = {}
         self._done: set[int] = set()
         self._floor: int | None = None
+        # batches below this were checked for purged entries already
+        self._gap_checked_below = 0
+        self._retain: int | None = None
+        self.yield_factor = YIELD_FACTOR
+        self._last_replay_seconds = 0.0
         self._counters = _Counters()
         self._audited_cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -143,16 +176,20 @@ class Auditor:
         with self._lock:
             return self._finish_at is not None
 
-    def _finished(self) -> bool:
+    def _finished(self, pass_started: float) -> bool:
         """Caught up after the run stopped, and long enough after it that no commit is late.
 
         Spark can deliver the termination before the run's last commit file is visible (seen
         with availableNow: the final batch's commit after the event), so one caught-up pass
-        right after the event is not proof that the run's last batch was seen.
+        right after the event is not proof that the run's last batch was seen. The pass must
+        have listed the commits that long after the event, not merely ended then (a long
+        replay would otherwise hide a commit that appeared while it ran).
         """
         with self._lock:
             finish_at = self._finish_at
-        return finish_at is not None and time.monotonic() - finish_at >= self.progress_grace_seconds
+        return (
+            finish_at is not None and pass_started - finish_at >= self.progress_grace_seconds
+        )
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -163,7 +200,11 @@ class Auditor:
             audited = self.history.audited_batches()
         with self._lock:
             self._done = set(audited)
-            self._floor = min(audited) if audited else None
+            # Batches are audited (or found lost) in order, so everything up to the last marked
+            # batch was handled by an earlier audit. Without history the audit answers for the
+            # query from its first batch: batches the checkpoint no longer holds are reported
+            # as lost rather than passed over.
+            self._floor = max(audited) + 1 if audited else 0
             self._counters.batches_audited = 0
             if audited:
                 self._counters.last_audited_batch = max(audited)
@@ -202,8 +243,8 @@ class Auditor:
     def _pending_target(self) -> list[int]:
         committed = self.checkpoint.committed_batches()
         with self._lock:
-            floor = self._floor if self._floor is not None else self._first_auditable(committed)
-        return [b for b in committed if floor is not None and b >= floor]
+            floor = self._floor if self._floor is not None else 0
+        return [b for b in committed if b >= floor]
 
     def _all_done_up_to(self, target: list[int]) -> bool:
         return all(b in self._done for b in target)
@@ -260,28 +301,25 @@ class Auditor:
                 "errors": c.errors,
                 "last_error": c.last_error,
                 "replay_seconds": c.replay_seconds,
+                "yield_seconds": c.yield_seconds,
+                "batches_lost": c.batches_lost,
+                "last_lost_batch": c.last_lost_batch,
+                "last_lost_reason": c.last_lost_reason,
+                "min_batches_to_retain": c.min_batches_to_retain,
+                "retention_batches_remaining": c.retention_batches_remaining,
             }
 
     # -- the loop ---------------------------------------------------------------------------------
-
-    def _first_auditable(self, committed: list[int]) -> int | None:
-        """The oldest committed batch whose late-row watermark the checkpoint still holds."""
-        if not committed:
-            return None
-        offsets = set(self.checkpoint.offset_batches())
-        for b in committed:
-            if b == 0 or (b - 1) in offsets:
-                return b
-        return None
 
     def _run(self) -> None:
         self.replayer.join_pool()
         failures = 0
         while not self._stop.is_set():
             try:
+                pass_started = time.monotonic()
                 caught_up = self._audit_pending()
                 failures = 0
-                if caught_up and self._finished():
+                if caught_up and self._finished(pass_started):
                     log.info("wmwatch: audit of %s finished: its query run stopped", self.label)
                     break
             except Exception as exc:
@@ -306,27 +344,114 @@ class Auditor:
         """Audit committed batches in order; True when every one of them is done."""
         committed = self.checkpoint.committed_batches()
         with self._lock:
-            if self._floor is None:
-                self._floor = self._first_auditable(committed)
-            floor = self._floor
-            pending = [
-                b for b in committed if floor is not None and b >= floor and b not in self._done
-            ]
+            floor = self._floor if self._floor is not None else 0
+            self._floor = floor
+            pending = [b for b in committed if b >= floor and b not in self._done]
             self._counters.latest_committed_batch = committed[-1] if committed else None
             self._counters.oldest_pending_commit_mtime_seconds = (
                 self.checkpoint.commit_mtime_seconds(pending[0]) if pending else None
             )
+        self._lose_purged_gap(committed, floor)
+        self._update_retention(pending[0] if pending else None, committed)
         for batch_id in pending:
             if self._stop.is_set():
                 return False
-            if not self._audit_batch(batch_id):
-                return False  # waiting for this batch's progress; batches are audited in order
+            try:
+                if not self._audit_batch(batch_id):
+                    return False  # waiting for this batch's progress; batches go in order
+            except CheckpointEntryGone as exc:
+                self._lose([batch_id], str(exc))
             with self._lock:
                 rest = [b for b in pending if b not in self._done]
                 self._counters.oldest_pending_commit_mtime_seconds = (
                     self.checkpoint.commit_mtime_seconds(rest[0]) if rest else None
                 )
+            self._update_retention(rest[0] if rest else None, committed)
         return True
+
+    # -- retention: how close the checkpoint's purge is, and batches it took ---------------------
+
+    def _retain_batches(self) -> int:
+        """``minBatchesToRetain`` of the query: its offset log's conf, else its session's."""
+        if self._retain is None:
+            latest = self.checkpoint.latest_offsets()
+            self._retain = min_batches_to_retain(
+                latest.conf if latest is not None else {}, self._session_retain_value()
+            )
+        return self._retain
+
+    def _session_retain_value(self) -> str | None:
+        """The value in the session the query runs with (classic PySpark), else the caller's."""
+        spark = self.replayer.spark
+        try:
+            query = spark.streams.get(self.query_id)
+            jsq = getattr(query, "_jsq", None) if query is not None else None
+            if jsq is not None:
+                value = jsq.streamingQuery().sparkSession().conf().get(
+                    MIN_BATCHES_TO_RETAIN_KEY, None
+                )
+                if value is not None:
+                    return str(value)
+        except Exception:  # noqa: BLE001 - the session's own conf is the next best answer
+            pass
+        try:
+            value = spark.conf.get(MIN_BATCHES_TO_RETAIN_KEY, None)
+        except Exception:  # noqa: BLE001 - Spark's default then
+            return None
+        return None if value is None else str(value)
+
+    def _update_retention(self, oldest_pending: int | None, committed: list[int]) -> None:
+        retain = self._retain_batches()
+        offsets = self.checkpoint.offset_batches()
+        if oldest_pending is None:
+            # caught up: the next batch to audit is the one after the last commit
+            oldest_pending = committed[-1] + 1 if committed else 0
+        remaining = (
+            retain if not offsets else batches_until_purge(oldest_pending, offsets[-1], retain)
+        )
+        with self._lock:
+            self._counters.min_batches_to_retain = retain
+            self._counters.retention_batches_remaining = max(0, remaining)
+
+    def _lose_purged_gap(self, committed: list[int], floor: int) -> None:
+        """Batches below the oldest commit the checkpoint still holds, never audited: lost."""
+        if not committed:
+            return
+        with self._lock:
+            start = max(floor, self._gap_checked_below)
+            gone = [b for b in range(start, committed[0]) if b not in self._done]
+            self._gap_checked_below = max(self._gap_checked_below, committed[0])
+        if gone:
+            self._lose(
+                gone,
+                "its offsets and commit were purged from the checkpoint before the audit reached "
+                f"it (Spark keeps spark.sql.streaming.minBatchesToRetain={self._retain_batches()} "
+                "batches); raise that setting or keep the audit closer to the query.",
+            )
+
+    def _lose(self, batch_ids: list[int], reason: str) -> None:
+        """Batches that can never be audited: one log line each (bounded), counted, passed."""
+        for batch_id in batch_ids[:_LOST_LINES_PER_PASS]:
+            log.warning(
+                "wmwatch: audit of %s lost batch %d, not audited: %s", self.label, batch_id, reason
+            )
+        if len(batch_ids) > _LOST_LINES_PER_PASS:
+            log.warning(
+                "wmwatch: audit of %s lost %d more batches (%d to %d), not audited: %s",
+                self.label,
+                len(batch_ids) - _LOST_LINES_PER_PASS,
+                batch_ids[_LOST_LINES_PER_PASS],
+                batch_ids[-1],
+                reason,
+            )
+        with self._audited_cond:
+            self._done.update(batch_ids)
+            c = self._counters
+            c.batches_lost += len(batch_ids)
+            previous = [] if c.last_lost_batch is None else [c.last_lost_batch]
+            c.last_lost_batch = max(batch_ids + previous)
+            c.last_lost_reason = reason
+            self._audited_cond.notify_all()
 
     def _audit_batch(self, batch_id: int) -> bool:
         """Audit one committed batch; False when it should wait a moment for its progress."""
@@ -365,6 +490,7 @@ class Auditor:
         ):
             self._record(batch_id, run_id, late_wm_ms, found=BatchLateRows.nothing())
             return True
+        self._yield_to_other_jobs()
         started = time.perf_counter()
         found = self.replayer.replay(
             batch_id,
@@ -374,10 +500,48 @@ class Auditor:
             sink=self.sink,
             stage=self._stage,
         )
+        took = time.perf_counter() - started
+        self._last_replay_seconds = took
         with self._lock:
-            self._counters.replay_seconds += time.perf_counter() - started
+            self._counters.replay_seconds += took
         self._record(batch_id, run_id, late_wm_ms, found=found)
         return True
+
+    def _application_busy(self) -> bool:
+        """A Spark job runs, or a streaming query of the session is in a trigger or has data
+        waiting (between its jobs a busy query runs none, so jobs alone would look idle)."""
+        spark = self.replayer.spark
+        if spark.sparkContext.statusTracker().getActiveJobsIds():
+            return True
+        for query in spark.streams.active:
+            status = query.status
+            if status.get("isTriggerActive") or status.get("isDataAvailable"):
+                return True
+        return False
+
+    def _yield_to_other_jobs(self) -> None:
+        """Wait, bounded, until the application runs no Spark job, so the replay fills idle time.
+
+        Under FIFO a replay submitted while the production queries run takes the slots of the
+        jobs submitted after it; waiting for a moment without jobs (between micro-batches) keeps
+        it out of their way. The wait is at most ``yield_factor`` times the last replay, so where
+        the application never idles the audit still advances, using about a tenth of the time.
+        Nothing to wait for after the audited run stopped, or where Spark gives no job status.
+        """
+        if self.yield_factor <= 0 or self._finishing():
+            return
+        budget = self.yield_factor * self._last_replay_seconds
+        deadline = time.monotonic() + min(_YIELD_MAX_SECONDS, max(_YIELD_MIN_SECONDS, budget))
+        started = time.monotonic()
+        try:
+            while self._application_busy() and time.monotonic() < deadline:
+                if self._stop.wait(_YIELD_POLL_SECONDS):
+                    break
+        except Exception:  # noqa: BLE001 - no job status (Spark Connect): replay right away
+            return
+        finally:
+            with self._lock:
+                self._counters.yield_seconds += time.monotonic() - started
 
     def _progress_may_come(self, batch_id: int) -> bool:
         if self._stop.is_set():

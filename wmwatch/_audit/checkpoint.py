@@ -25,8 +25,15 @@ from urllib.parse import unquote
 from wmwatch._errors import AuditError
 
 _LOG_VERSION = "v1"
+# Spark keeps this many batches of offsets and commits (older ones are purged); its default.
+MIN_BATCHES_TO_RETAIN_KEY = "spark.sql.streaming.minBatchesToRetain"
+DEFAULT_MIN_BATCHES_TO_RETAIN = 100
 _BATCH_FILE = re.compile(r"^(\d+)$")
 _COMPACT_FILE = re.compile(r"^(\d+)\.compact$")
+
+
+class CheckpointEntryGone(AuditError):
+    """A batch's offsets or source-log entries were purged: that batch can never be audited."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +172,7 @@ def files_for_log_range(
                 continue
         target = next((c for c in compacts if c >= log_id), None)
         if target is None:
-            raise AuditError(
+            raise CheckpointEntryGone(
                 f"the file source's log has no entry for log number {log_id}; the checkpoint "
                 "was cleaned up or damaged, so that batch cannot be audited."
             )
@@ -308,18 +315,26 @@ class CheckpointReader:
             return None
         previous = self.offsets(batch_id - 1)
         if previous is None:
-            raise AuditError(
+            raise CheckpointEntryGone(
                 f"offsets/{batch_id - 1} is gone from the checkpoint, so the watermark batch "
                 f"{batch_id} used is unknown; raise spark.sql.streaming.minBatchesToRetain or "
                 "keep the audit closer to the query."
             )
         return previous.watermark_ms
 
+    def latest_offsets(self) -> OffsetsEntry | None:
+        """The newest ``offsets/N`` (the batch the query runs or last ran); None if none."""
+        for batch_id in reversed(self.offset_batches()):
+            entry = self.offsets(batch_id)
+            if entry is not None:
+                return entry
+        return None
+
     def batch_files(self, batch_id: int, source_index: int = 0) -> list[SourceFile]:
         """The files batch ``batch_id`` read from source ``source_index`` (empty: no new data)."""
         current = self.offsets(batch_id)
         if current is None:
-            raise AuditError(
+            raise CheckpointEntryGone(
                 f"offsets/{batch_id} is missing from the checkpoint; it cannot be audited."
             )
         end = parse_log_offset(_source_offset(current, source_index))
@@ -329,7 +344,7 @@ class CheckpointReader:
         if batch_id > 0:
             previous = self.offsets(batch_id - 1)
             if previous is None:
-                raise AuditError(
+                raise CheckpointEntryGone(
                     f"offsets/{batch_id - 1} is gone from the checkpoint, so the files of batch "
                     f"{batch_id} are unknown; raise spark.sql.streaming.minBatchesToRetain."
                 )
@@ -342,6 +357,34 @@ class CheckpointReader:
             start + 1,
             end,
         )
+
+
+def min_batches_to_retain(offsets_conf: dict[str, str], session_value: str | None) -> int:
+    """How many batches of offsets and commits the query's checkpoint keeps.
+
+    The offset log's ``conf`` wins (it is what the query runs with); otherwise the value of the
+    session that runs the query; otherwise Spark's default. Unusable values fall back too.
+    """
+    for text in (offsets_conf.get(MIN_BATCHES_TO_RETAIN_KEY), session_value):
+        if text is None:
+            continue
+        try:
+            value = int(str(text).strip())
+        except ValueError:
+            continue
+        if value > 0:
+            return value
+    return DEFAULT_MIN_BATCHES_TO_RETAIN
+
+
+def batches_until_purge(oldest_pending: int, latest_offset_batch: int, retain: int) -> int:
+    """Batches the query can still plan before the checkpoint drops what ``oldest_pending`` needs.
+
+    When Spark writes ``offsets/C`` it purges offsets and commits below ``C - retain``; auditing
+    batch P needs ``offsets/P-1``, which goes when the query plans batch ``P - 1 + retain + 1``.
+    Negative when it is gone already.
+    """
+    return oldest_pending - 1 + retain - latest_offset_batch
 
 
 def _source_offset(entry: OffsetsEntry, source_index: int) -> str | None:

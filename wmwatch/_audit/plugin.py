@@ -31,6 +31,7 @@ class _QueryTotals:
     errors: int = 0
     # (operator index, kind, join side) -> late rows
     by_operator: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    batches_lost: int = 0
 
     def add(self, status: dict[str, Any]) -> None:
         for item in status["late_rows_by_operator"]:
@@ -40,6 +41,7 @@ class _QueryTotals:
         self.late_rows_over_cap += int(status["late_rows_over_cap"])
         self.batches_over_cap += int(status["batches_over_cap"])
         self.errors += int(status["errors"])
+        self.batches_lost += int(status["batches_lost"])
 
 
 class AuditPlugin(WatchPlugin):
@@ -130,6 +132,18 @@ class AuditPlugin(WatchPlugin):
         errors = CounterMetricFamily(
             "wmwatch_audit_errors", "Audit attempts that failed (retried).", labels=["query"]
         )
+        lost = CounterMetricFamily(
+            "wmwatch_audit_batches_lost",
+            "Committed batches the audit could not audit: their offsets or source-log entries "
+            "were purged from the checkpoint first.",
+            labels=["query"],
+        )
+        retention = GaugeMetricFamily(
+            "wmwatch_audit_retention_batches_remaining",
+            "Batches the query can run before its checkpoint purges offsets the audit still "
+            "needs (spark.sql.streaming.minBatchesToRetain); 0: the next batch loses one.",
+            labels=["query"],
+        )
         with self._lock:
             running = list(self._running.values())
             totals = {
@@ -137,10 +151,13 @@ class AuditPlugin(WatchPlugin):
                 for label, t in self._ended.items()
             }
         lags: dict[str, tuple[float, float]] = {}
+        remaining: dict[str, float] = {}
         for auditor in running:
             status = auditor.status()
             totals.setdefault(auditor.label, _QueryTotals()).add(status)
             lags[auditor.label] = (float(status["lag_batches"]), float(status["lag_seconds"]))
+            if status["retention_batches_remaining"] is not None:
+                remaining[auditor.label] = float(status["retention_batches_remaining"])
         for label, t in sorted(totals.items()):
             late.add_metric([label], float(t.late_rows))
             for (operator, kind, side), rows in sorted(t.by_operator.items()):
@@ -148,10 +165,13 @@ class AuditPlugin(WatchPlugin):
             over_cap.add_metric([label], float(t.late_rows_over_cap))
             storms.add_metric([label], float(t.batches_over_cap))
             errors.add_metric([label], float(t.errors))
+            lost.add_metric([label], float(t.batches_lost))
         for label, (batches, seconds) in sorted(lags.items()):
             lag_b.add_metric([label], batches)
             lag_s.add_metric([label], seconds)
-        return [late, by_operator, over_cap, storms, lag_b, lag_s, errors]
+        for label, batches in sorted(remaining.items()):
+            retention.add_metric([label], batches)
+        return [late, by_operator, over_cap, storms, lag_b, lag_s, errors, lost, retention]
 
     def close(self) -> None:
         for auditor in self.running():

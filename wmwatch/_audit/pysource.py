@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.checkpoint import CheckpointReader
+from wmwatch._audit.checkpoint import CheckpointEntryGone, CheckpointReader
 from wmwatch._errors import AuditError, UnsupportedSourceError
 
 _START = "wmwatch.replay.start"
@@ -201,7 +201,7 @@ class PythonBatchSource:
             return None
         before = checkpoint.offsets(batch_id - 1) if batch_id > 0 else None
         if batch_id > 0 and before is None:
-            raise AuditError(
+            raise CheckpointEntryGone(
                 f"offsets/{batch_id - 1} is gone (spark.sql.streaming.minBatchesToRetain), so "
                 f"where batch {batch_id} started reading is unknown"
             )

@@ -6,11 +6,14 @@ pyspark is one clear line.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+_MASTER = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|spark://[\w.-]+:\d+(,[\w.-]+:\d+)*)$")
 
 
 def demo(
@@ -42,6 +45,14 @@ def demo(
             "--audit/--no-audit", help="Divert the rows the watermark drops into late_rows."
         ),
     ] = True,
+    master: Annotated[
+        str,
+        typer.Option(
+            "--master",
+            help="Spark master: local[2] (default) or a cluster such as spark://host:7077; "
+            "its executors must see --workdir at the same path.",
+        ),
+    ] = "local[2]",
 ) -> None:
     """Stream an out-of-order event stream through a windowed count, watched by wmwatch.
 
@@ -49,6 +60,13 @@ def demo(
     Prometheus metrics while it runs, keeps history in <workdir>/wmwatch.duckdb, prints the
     report at the end and writes it as charts to <workdir>/report.html.
     """
+    if not _MASTER.match(master):
+        typer.echo(
+            f"wmwatch demo: --master {master!r} is not a Spark master URL: use local[2], "
+            "local[*] or spark://HOST:PORT",
+            err=True,
+        )
+        raise typer.Exit(2)
     try:
         import pyspark  # noqa: F401
     except ImportError:
@@ -69,7 +87,12 @@ def demo(
 
     console = Console(highlight=False)
     result = run_demo(
-        duration_seconds=duration, metrics_port=port, workdir=workdir, console=console, audit=audit
+        duration_seconds=duration,
+        metrics_port=port,
+        workdir=workdir,
+        console=console,
+        audit=audit,
+        master=master,
     )
     console.print(
         f"\nStreamed {result.input_rows} rows in {result.batches} batches; Spark dropped "

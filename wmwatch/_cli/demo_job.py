@@ -88,8 +88,15 @@ logger.abort.level = fatal
 """
 
 
-def build_session(workdir: Path, app_name: str = "wmwatch-demo") -> Any:
-    """A local session that keeps the terminal for the demo (errors only, no stage bars)."""
+def build_session(
+    workdir: Path, app_name: str = "wmwatch-demo", master: str = "local[2]"
+) -> Any:
+    """A session that keeps the terminal for the demo (errors only, no stage bars).
+
+    ``master`` is ``local[2]`` by default; a cluster's URL (``spark://host:7077``) runs the
+    executors in their own JVMs, which read the demo's input and checkpoint from ``workdir``:
+    it must be a folder they see at the same path (one machine, or a shared mount).
+    """
     import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
@@ -99,7 +106,7 @@ def build_session(workdir: Path, app_name: str = "wmwatch-demo") -> Any:
     log4j = workdir / "log4j2.properties"
     log4j.write_text(_QUIET_LOG4J)
     spark = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
         .config("spark.ui.showConsoleProgress", "false")
@@ -121,20 +128,24 @@ def run_demo(
     workdir: Path,
     console: Any,
     audit: bool = True,
+    master: str = "local[2]",
 ) -> DemoResult:
     """Run the demo query for ``duration_seconds`` and return what it recorded."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     import wmwatch
 
+    # executors outside this process read the input and checkpoint by path
+    workdir = workdir.absolute()
     if workdir.exists():
         shutil.rmtree(workdir)
     incoming = workdir / "in"
     incoming.mkdir(parents=True)
     db = workdir / "wmwatch.duckdb"
 
-    console.print("[bold]wmwatch demo[/]: starting a local SparkSession (takes ~10 s) ...")
-    spark = build_session(workdir)
+    where = "a local SparkSession" if master.startswith("local") else f"a SparkSession on {master}"
+    console.print(f"[bold]wmwatch demo[/]: starting {where} (takes ~10 s) ...")
+    spark = build_session(workdir, master=master)
     from pyspark.sql import functions as F
 
     generator = EventGenerator(incoming)
