@@ -4,9 +4,11 @@
     python -m tests.audit_crash_driver <folder> finish [shape]  # process what is there, sync
 
 Shapes: ``window`` (the default) counts <folder>/in per 10 s window; ``join`` joins <folder>/l
-with <folder>/r on a key and a time range; ``kinds`` runs three queries over <folder>/in (a
+with <folder>/r on a key and a time range; ``kinds`` runs six queries over <folder>/in (a
 session window, an aggregation keyed by the event time, applyInPandasWithState with an
-event-time timeout). One query writes Parquet to <folder>/out and checkpoints to
+event-time timeout, transformWithStateInPandas in event-time mode, a deduplication over a
+Python data source reading the same files, a union of two sources into a deduplication).
+One query writes Parquet to <folder>/out and checkpoints to
 <folder>/checkpoint; several use <folder>/out-<name> and <folder>/checkpoint-<name>. All audit
 into <folder>/history.duckdb.
 Status lines are JSON on stdout, one per loop.
@@ -95,6 +97,14 @@ def main(folder: str, mode: str, shape: str = "window") -> int:
             tws,
             "append",
         )
+        spark.dataSource.register(_lines_source())
+        lines = (
+            spark.readStream.format("wmwatch_test_lines")
+            .option("path", f"{folder}/in")
+            .load()
+            .withWatermark("ts", "10 seconds")
+        )
+        queries["pysource"] = (lines.dropDuplicates(["id", "ts"]), lines, "append")
         # one directory read by two sources: each is replayed from its own source log
         first, second = read_events(), read_events()
         queries["union"] = (
@@ -144,6 +154,60 @@ def main(folder: str, mode: str, shape: str = "window") -> int:
         watch.flush(10)  # progress on disk before a kill, so the test can compare counts
         print(json.dumps(status()), flush=True)
         time.sleep(0.2)
+
+
+def _lines_source() -> type:
+    """A Python data source over the JSON lines of a folder's files, in file-name order; its
+    offset is the number of lines, so it reads the same rows after a restart."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class Span(InputPartition):
+        def __init__(self, start: int, end: int) -> None:
+            self.start, self.end = start, end
+
+    class LinesReader(DataSourceStreamReader):
+        def __init__(self, path: str) -> None:
+            self.path = path
+
+        def _lines(self) -> list[str]:
+            import os
+
+            names = sorted(n for n in os.listdir(self.path) if n.endswith(".json"))
+            out: list[str] = []
+            for name in names:
+                with open(os.path.join(self.path, name)) as handle:
+                    out.extend(line for line in handle.read().splitlines() if line.strip())
+            return out
+
+        def initialOffset(self) -> dict[str, int]:  # noqa: N802
+            return {"rows": 0}
+
+        def latestOffset(self) -> dict[str, int]:  # noqa: N802
+            return {"rows": len(self._lines())}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[Any]:
+            return [Span(start["rows"], end["rows"])]
+
+        def read(self, partition: Any) -> Any:
+            from datetime import datetime
+
+            for line in self._lines()[partition.start : partition.end]:
+                row = json.loads(line)
+                at = datetime.fromisoformat(row["ts"].replace("Z", "+00:00"))
+                yield row["id"], row["user"], at
+
+    class LinesSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "wmwatch_test_lines"
+
+        def schema(self) -> str:
+            return "id int, user string, ts timestamp"
+
+        def streamReader(self, schema: Any) -> Any:  # noqa: N802
+            return LinesReader(self.options["path"])
+
+    return LinesSource
 
 
 def _seen_class() -> type:

@@ -195,9 +195,10 @@ def test_sigkill_mid_join_then_restart_balances(spark: Any, stream_dir: Path) ->
 
 
 def test_sigkill_mid_stream_then_restart_balances_every_kind(spark: Any, stream_dir: Path) -> None:
-    """Five audited queries in one driver (a session window, an aggregation keyed by the event
+    """Six audited queries in one driver (a session window, an aggregation keyed by the event
     time, applyInPandasWithState with an event-time timeout, transformWithStateInPandas in
-    event-time mode, a union of two sources into a deduplication), killed and restarted: each
+    event-time mode, a deduplication over a Python data source, a union of two sources into a
+    deduplication), killed and restarted: each
     late row once, every committed batch marked, and every batch whose progress reached the
     history has as many late rows (state functions, deduplication) or late groups (aggregations,
     as Spark counts them after partial aggregation) as Spark counted."""
@@ -228,6 +229,7 @@ def test_sigkill_mid_stream_then_restart_balances_every_kind(spark: Any, stream_
             ("state", lambda batch, source, row: (batch, row["id"])),
             ("tws", lambda batch, source, row: (batch, row["id"])),
             ("union", lambda batch, source, row: (batch, source, row["id"])),
+            ("pysource", lambda batch, source, row: (batch, row["id"])),
             ("aggregate", lambda batch, source, row: (batch, row["user"], row["ts"])),
             ("session", lambda batch, source, row: (batch, source, row["user"], row["ts"])),
         ):

@@ -310,9 +310,10 @@ def test_join_on_event_time_windows(spark: Any, stream_dir: Path) -> None:
         assert event_ms % 10_000 == 0 and event_ms <= wm_ms  # the window's end was judged
 
 
-def test_union_of_two_sources_balances(spark: Any, stream_dir: Path) -> None:
+@pytest.mark.parametrize("batching", ["each", "bulk"])
+def test_union_of_two_sources_balances(spark: Any, stream_dir: Path, batching: str) -> None:
     """Two sources unioned into one deduplication: each replayed from its own source log."""
-    result = run_union(spark, stream_dir)
+    result = run_union(spark, stream_dir, batching)
     late = result["late"]
     assert late
     assert {r[6] for r in late} == {0, 1}  # late rows from both sources
@@ -321,12 +322,26 @@ def test_union_of_two_sources_balances(spark: Any, stream_dir: Path) -> None:
     assert not {json.loads(r[8])["lid"] for r in late} & emitted
 
 
-def run_union(spark: Any, folder: Path) -> dict[str, Any]:
+def write_pair(folder: Path, index: int) -> None:
+    lrows, rrows = PAIRS[index]
+    write_events(folder / "l", [{"lid": i, "lk": k, "lt": ts(s)} for i, k, s in lrows])
+    if rrows:
+        write_events(folder / "r", [{"rid": i, "rk": k, "rt": ts(s)} for i, k, s in rrows])
+
+
+def run_union(spark: Any, folder: Path, batching: str) -> dict[str, Any]:
     """Like run_join, but the right source is renamed before the watermark: it needs prepare."""
     (folder / "l").mkdir(parents=True)
     (folder / "r").mkdir(parents=True)
-    left = spark.readStream.schema(LEFT_SCHEMA).json(str(folder / "l")).withWatermark("lt", DELAY)
-    raw_right = spark.readStream.schema(RIGHT_SCHEMA).json(str(folder / "r"))
+    left_reader = spark.readStream.schema(LEFT_SCHEMA)
+    right_reader = spark.readStream.schema(RIGHT_SCHEMA)
+    if batching == "bulk":
+        for index in range(len(PAIRS)):
+            write_pair(folder, index)
+        left_reader = left_reader.option("maxFilesPerTrigger", 1)
+        right_reader = right_reader.option("maxFilesPerTrigger", 1)
+    left = left_reader.json(str(folder / "l")).withWatermark("lt", DELAY)
+    raw_right = right_reader.json(str(folder / "r"))
 
     def rename(frame: Any) -> Any:
         return frame.withColumnRenamed("rid", "lid").withColumnRenamed("rk", "lk").withColumn(
@@ -337,23 +352,27 @@ def run_union(spark: Any, folder: Path) -> dict[str, Any]:
     query_frame = left.unionByName(right).dropDuplicates(["lk", "lt"])
     db = folder / "history.duckdb"
     watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=CollectorRegistry())
-    query = (
+    writer = (
         query_frame.writeStream.format("memory")
-        .queryName("union_dedupe")
+        .queryName(f"union_dedupe_{batching}")
         .outputMode("append")
         .option("checkpointLocation", str(folder / "checkpoint"))
-        .start()
     )
+    if batching == "bulk":
+        writer = writer.trigger(availableNow=True)
+    query = writer.start()
     try:
         handle = watch.audit(query, [left, right], prepare=[None, rename])
-        for lrows, rrows in PAIRS:
-            write_events(folder / "l", [{"lid": i, "lk": k, "lt": ts(s)} for i, k, s in lrows])
-            if rrows:
-                write_events(folder / "r", [{"rid": i, "rk": k, "rt": ts(s)} for i, k, s in rrows])
+        if batching == "bulk":
+            query.awaitTermination(180)
+        for index in range(len(PAIRS)) if batching == "each" else ():
+            write_pair(folder, index)
             query.processAllAvailable()
         assert handle.sync(120), handle.status()
         progress = list(query.recentProgress)
-        output = [r.asDict(recursive=True) for r in spark.table("union_dedupe").collect()]
+        output = [
+            r.asDict(recursive=True) for r in spark.table(f"union_dedupe_{batching}").collect()
+        ]
         handle.stop()
     finally:
         query.stop()

@@ -67,7 +67,10 @@ def test_session_window_conservation(spark: Any, stream_dir: Path, batching: str
     assert len(groups) == dropped_by_watermark(result["progress"])
 
 
-def test_raw_event_time_aggregation_conservation(spark: Any, stream_dir: Path) -> None:
+@pytest.mark.parametrize("batching", ["each", "bulk"])
+def test_raw_event_time_aggregation_conservation(
+    spark: Any, stream_dir: Path, batching: str
+) -> None:
     """``groupBy("user", "ts")`` in update mode: last count + audited rows = all input."""
     updates: list[tuple[int, str, str, int]] = []
 
@@ -76,24 +79,33 @@ def test_raw_event_time_aggregation_conservation(spark: Any, stream_dir: Path) -
             (batch_id, r["user"], r["ts"].isoformat(), r["count"]) for r in frame.collect()
         )
 
-    events = spark.readStream.schema(SCHEMA).json(str(stream_dir / "in")).withWatermark("ts", DELAY)
+    files = stream_files()
+    reader = spark.readStream.schema(SCHEMA)
+    if batching == "bulk":
+        for f in files:
+            write_events(stream_dir / "in", f)
+        reader = reader.option("maxFilesPerTrigger", 2)
+    events = reader.json(str(stream_dir / "in")).withWatermark("ts", DELAY)
     db = stream_dir / "h.duckdb"
-    query = (
+    writer = (
         events.groupBy("user", "ts")
         .count()
         .writeStream.outputMode("update")
         .foreachBatch(sink)
         .option("checkpointLocation", str(stream_dir / "checkpoint"))
-        .start()
     )
-    files = stream_files()
+    if batching == "bulk":
+        writer = writer.trigger(availableNow=True)
+    query = writer.start()
     try:
         with wmwatch.attach(
             spark, db=str(db), metrics_port=None, registry=CollectorRegistry()
         ) as watch:
             handle = watch.audit(query, events)
             assert handle.spec.kind == "aggregate" and handle.spec.event_time_column == "ts"
-            for f in files:
+            if batching == "bulk":
+                query.awaitTermination(120)
+            for f in files if batching == "each" else ():
                 write_events(stream_dir / "in", f)
                 query.processAllAvailable()
             assert handle.sync(60)
@@ -162,7 +174,10 @@ def test_apply_in_pandas_with_state_event_time_timeout(
     assert {r[6] for r in result["late"]} == {"state"}
 
 
-def test_transform_with_state_in_event_time_mode(spark: Any, stream_dir: Path) -> None:
+@pytest.mark.parametrize("batching", ["each", "bulk"])
+def test_transform_with_state_in_event_time_mode(
+    spark: Any, stream_dir: Path, batching: str
+) -> None:
     from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
     from pyspark.sql.types import IntegerType, StructField, StructType
 
@@ -194,8 +209,8 @@ def test_transform_with_state_in_event_time_mode(spark: Any, stream_dir: Path) -
                 outputMode="Append",
                 timeMode="EventTime",
             ),
-            batching="each",
-            name="tws_event_time",
+            batching=batching,
+            name=f"tws_{batching}",
         )
     finally:
         spark.conf.set(provider, before)

@@ -38,8 +38,8 @@ BASE_SECOND = 1_767_225_600  # 2026-01-01T00:00:00Z
 
 
 def epoch(i: int) -> int:
-    """Row i's time: 2 s a row; every 7th row is 40 s behind (late once the watermark moved)."""
-    return BASE_SECOND + 2 * i - (40 if i % 7 == 6 else 0)
+    """Row i's time: 2 s a row; every 7th row is 80 s behind (late once the watermark moved)."""
+    return BASE_SECOND + 2 * i - (80 if i % 7 == 6 else 0)
 
 
 class Span(InputPartition):
@@ -160,13 +160,15 @@ def test_python_source_errors_say_what_to_do(spark: Any, stream_dir: Path) -> No
         read_batch(spark, spec, "{rows: 1", '{"rows": 5}')
 
 
-def test_audit_of_a_python_source_balances(spark: Any, stream_dir: Path) -> None:
+@pytest.mark.parametrize("step", [10, 23])
+def test_audit_of_a_python_source_balances(spark: Any, stream_dir: Path, step: int) -> None:
+    """Run twice with different batching (rows per batch)."""
     from pyspark.sql import functions as F
 
     spark.dataSource.register(CountingSource)
     events = (
         spark.readStream.format(CountingSource.name())
-        .option("step", "10")
+        .option("step", str(step))
         .option("limit", "80")
         .load()
         .withColumn("ts", F.timestamp_seconds("epoch"))
@@ -180,7 +182,7 @@ def test_audit_of_a_python_source_balances(spark: Any, stream_dir: Path) -> None
     query = (
         events.dropDuplicates(["id", "ts"])
         .writeStream.format("memory")
-        .queryName("pysource_dedupe")
+        .queryName(f"pysource_dedupe_{step}")
         .outputMode("append")
         .option("checkpointLocation", str(stream_dir / "checkpoint"))
         .start()
@@ -194,7 +196,7 @@ def test_audit_of_a_python_source_balances(spark: Any, stream_dir: Path) -> None
             assert handle.sync(120), handle.status()
             handle.stop()
             progress = list(query.recentProgress)
-            output = {r["id"] for r in spark.table("pysource_dedupe").collect()}
+            output = {r["id"] for r in spark.table(f"pysource_dedupe_{step}").collect()}
     finally:
         query.stop()
     with duckdb.connect(str(db), read_only=True) as con:
