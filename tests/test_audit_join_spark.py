@@ -310,10 +310,21 @@ def test_join_on_event_time_windows(spark: Any, stream_dir: Path) -> None:
         assert event_ms % 10_000 == 0 and event_ms <= wm_ms  # the window's end was judged
 
 
-@pytest.mark.parametrize("batching", ["each", "bulk"])
-def test_union_of_two_sources_balances(spark: Any, stream_dir: Path, batching: str) -> None:
-    """Two sources unioned into one deduplication: each replayed from its own source log."""
-    result = run_union(spark, stream_dir, batching)
+@pytest.mark.parametrize(
+    ("batching", "policy"), [("each", "min"), ("bulk", "min"), ("each", "max")]
+)
+def test_union_of_two_sources_balances(
+    spark: Any, stream_dir: Path, batching: str, policy: str
+) -> None:
+    """Two sources unioned into one deduplication: each replayed from its own source log, under
+    either multiple-watermark policy (the checkpoint holds the watermark the policy chose)."""
+    key = "spark.sql.streaming.multipleWatermarkPolicy"
+    before = spark.conf.get(key)
+    spark.conf.set(key, policy)
+    try:
+        result = run_union(spark, stream_dir, batching)
+    finally:
+        spark.conf.set(key, before)
     late = result["late"]
     assert late
     assert {r[6] for r in late} == {0, 1}  # late rows from both sources
