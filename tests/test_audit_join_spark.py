@@ -319,12 +319,15 @@ def test_union_of_two_sources_balances(
     """Two sources unioned into one deduplication: each replayed from its own source log, under
     either multiple-watermark policy (the checkpoint holds the watermark the policy chose)."""
     key = "spark.sql.streaming.multipleWatermarkPolicy"
-    before = spark.conf.get(key)
+    before = spark.conf.get(key, None)
     spark.conf.set(key, policy)
     try:
         result = run_union(spark, stream_dir, batching)
     finally:
-        spark.conf.set(key, before)
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
     late = result["late"]
     assert late
     assert {r[6] for r in late} == {0, 1}  # late rows from both sources

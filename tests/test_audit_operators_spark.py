@@ -195,7 +195,7 @@ def test_transform_with_state_in_event_time_mode(
             pass
 
     provider = "spark.sql.streaming.stateStore.providerClass"
-    before = spark.conf.get(provider)
+    before = spark.conf.get(provider, None)
     spark.conf.set(
         provider, "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
     )
@@ -213,7 +213,11 @@ def test_transform_with_state_in_event_time_mode(
             name=f"tws_{batching}",
         )
     finally:
-        spark.conf.set(provider, before)
+        # unset rather than set to the default: real-time mode refuses an explicit default
+        if before is None:
+            spark.conf.unset(provider)
+        else:
+            spark.conf.set(provider, before)
     ids = late_ids(result)
     seen = [r["id"] for r in result["output"]]
     assert ids and not set(ids) & set(seen)

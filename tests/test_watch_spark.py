@@ -231,11 +231,18 @@ def test_freshly_started_query_is_seen_through_the_py4j_listener(
         query = start_windowed(spark, stream_dir, "started_after_attach")
         try:
             query.processAllAvailable()
+            last_batch = query.lastProgress["batchId"]
+
+            def seen() -> int | None:
+                latest = watch.latest("started_after_attach")
+                return None if latest is None else latest.batch_id
+
+            # the listener delivers the last progress a moment after processAllAvailable returns
             deadline = time.monotonic() + 10
-            while watch.latest("started_after_attach") is None and time.monotonic() < deadline:
+            while seen() != last_batch and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert watch.flush(timeout=10)
             assert watch.health.copy().received["started"] >= 1
-            assert watch.latest("started_after_attach").batch_id == query.lastProgress["batchId"]
+            assert seen() == last_batch
         finally:
             query.stop()
