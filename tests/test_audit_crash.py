@@ -81,34 +81,59 @@ def _committed_batch_reading(
         time.sleep(0.05)
 
 
-def test_sigkill_mid_stream_then_restart_balances(spark: Any, stream_dir: Path) -> None:
-    files = stream_files()
-    for f in files[:3]:
-        write_events(stream_dir / "in", f)
-    first = _driver(stream_dir, "run")
+def _kill_after_commit(
+    folder: Path,
+    shape: str,
+    write_more: Callable[[], Path],
+    checkpoint: Path,
+    *,
+    audited: int,
+    source_index: int = 0,
+) -> None:
+    """Run the driver until ``audited`` batches are audited, write one more file, and SIGKILL
+    it right after a committed batch read that file: the audit of that batch may not have
+    started, be under way or be written; each must end balanced after the restart."""
+    first = _driver(folder, "run", shape)
     try:
-        _wait_for_status(_status_lines(first), lambda status: status["batches_audited"] >= 2)
-        # more input, and the crash right after the batch that read it committed: the audit of
-        # that batch may not have started, be under way or be written; each must end balanced
-        last_file = write_events(stream_dir / "in", files[3])
-        _committed_batch_reading(stream_dir / "checkpoint", last_file, first)
+        _wait_for_status(_status_lines(first), lambda status: status["batches_audited"] >= audited)
+        written = write_more()
+        _committed_batch_reading(checkpoint, written, first, source_index)
         first.send_signal(signal.SIGKILL)
     finally:
         if first.poll() is None:
             first.kill()
         first.wait(30)
-    written = 4
     assert first.returncode == -signal.SIGKILL
+
+
+def _finish(folder: Path, shape: str) -> dict[str, Any]:
+    """Restart the driver on the same checkpoints; its final status once all is audited."""
+    second = _driver(folder, "finish", shape)
+    finished = _wait_for_status(_status_lines(second), lambda status: "done" in status)
+    assert second.wait(240) == 0
+    assert finished["done"] is True
+    return finished
+
+
+def test_sigkill_mid_stream_then_restart_balances(spark: Any, stream_dir: Path) -> None:
+    files = stream_files()
+    for f in files[:3]:
+        write_events(stream_dir / "in", f)
+    _kill_after_commit(
+        stream_dir,
+        "window",
+        lambda: write_events(stream_dir / "in", files[3]),
+        stream_dir / "checkpoint",
+        audited=2,
+    )
+    written = 4
     with duckdb.connect(str(stream_dir / "history.duckdb"), read_only=True) as con:
         marked_at_kill = {
             r[0] for r in con.execute("SELECT batch_id FROM audit_batches").fetchall()
         }
     for f in files[written:]:
         write_events(stream_dir / "in", f)
-    second = _driver(stream_dir, "finish")
-    finished = _wait_for_status(_status_lines(second), lambda status: "done" in status)
-    assert second.wait(240) == 0
-    assert finished["done"] is True
+    finished = _finish(stream_dir, "window")
     committed = CheckpointReader(str(stream_dir / "checkpoint")).committed_batches()
     # the restarted audit resumed after what the killed one had written, and redid nothing else
     assert finished["batches_audited"] == len(set(committed) - marked_at_kill) > 0
@@ -153,23 +178,12 @@ def test_sigkill_mid_join_then_restart_balances(spark: Any, stream_dir: Path) ->
     (stream_dir / "r").mkdir()
     for index in range(2):
         write_pair(index)
-    first = _driver(stream_dir, "run", "join")
-    try:
-        _wait_for_status(_status_lines(first), lambda status: status["batches_audited"] >= 1)
-        last_file = write_pair(2)
-        _committed_batch_reading(stream_dir / "checkpoint", last_file, first)
-        first.send_signal(signal.SIGKILL)
-    finally:
-        if first.poll() is None:
-            first.kill()
-        first.wait(30)
-    assert first.returncode == -signal.SIGKILL
+    _kill_after_commit(
+        stream_dir, "join", lambda: write_pair(2), stream_dir / "checkpoint", audited=1
+    )
     for index in range(3, len(PAIRS)):
         write_pair(index)
-    second = _driver(stream_dir, "finish", "join")
-    finished = _wait_for_status(_status_lines(second), lambda status: "done" in status)
-    assert second.wait(240) == 0
-    assert finished["done"] is True
+    _finish(stream_dir, "join")
     with duckdb.connect(str(stream_dir / "history.duckdb"), read_only=True) as con:
         late = con.execute(
             "SELECT batch_id, join_side, row_data::VARCHAR FROM late_rows"
@@ -198,30 +212,23 @@ def test_sigkill_mid_stream_then_restart_balances_every_kind(spark: Any, stream_
     """Six audited queries in one driver (a session window, an aggregation keyed by the event
     time, applyInPandasWithState with an event-time timeout, transformWithStateInPandas in
     event-time mode, a deduplication over a Python data source, a union of two sources into a
-    deduplication), killed and restarted: each
-    late row once, every committed batch marked, and every batch whose progress reached the
-    history has as many late rows (state functions, deduplication) or late groups (aggregations,
-    as Spark counts them after partial aggregation) as Spark counted."""
+    deduplication), killed and restarted: each late row once, every committed batch marked,
+    and every batch whose progress reached the history has as many late rows (state functions,
+    deduplication) or late groups (aggregations, as Spark counts them after partial
+    aggregation) as Spark counted."""
     files = stream_files()
     for f in files[:3]:
         write_events(stream_dir / "in", f)
-    first = _driver(stream_dir, "run", "kinds")
-    try:
-        _wait_for_status(_status_lines(first), lambda status: status["batches_audited"] >= 2)
-        last_file = write_events(stream_dir / "in", files[3])
-        _committed_batch_reading(stream_dir / "checkpoint-state", last_file, first)
-        first.send_signal(signal.SIGKILL)
-    finally:
-        if first.poll() is None:
-            first.kill()
-        first.wait(30)
-    assert first.returncode == -signal.SIGKILL
+    _kill_after_commit(
+        stream_dir,
+        "kinds",
+        lambda: write_events(stream_dir / "in", files[3]),
+        stream_dir / "checkpoint-state",
+        audited=2,
+    )
     for f in files[4:]:
         write_events(stream_dir / "in", f)
-    second = _driver(stream_dir, "finish", "kinds")
-    finished = _wait_for_status(_status_lines(second), lambda status: "done" in status)
-    assert second.wait(240) == 0
-    assert finished["done"] is True
+    _finish(stream_dir, "kinds")
     rows = {r["id"]: r for f in files for r in f}
     with duckdb.connect(str(stream_dir / "history.duckdb"), read_only=True) as con:
         ids = dict(con.execute("SELECT query_name, query_id FROM queries").fetchall())

@@ -137,11 +137,8 @@ def run_join(
     finally:
         query.stop()
         watch.close()
+    late = late_rows_of(db)
     with duckdb.connect(str(db), read_only=True) as con:
-        late = con.execute(
-            "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), operator_kind, "
-            "operator_index, join_side, source_index, join_key, row_data::VARCHAR FROM late_rows"
-        ).fetchall()
         by_input = con.execute(
             "SELECT late_rows_by_input::VARCHAR FROM audit_batches "
             "WHERE late_rows_by_input IS NOT NULL"
@@ -155,6 +152,14 @@ def run_join(
         "metrics": metrics,
         "checkpoint": CheckpointReader(str(folder / "checkpoint")),
     }
+
+
+def late_rows_of(db: Path) -> list[tuple[Any, ...]]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(
+            "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), operator_kind, "
+            "operator_index, join_side, source_index, join_key, row_data::VARCHAR FROM late_rows"
+        ).fetchall()
 
 
 def dropped(progress: list[dict[str, Any]]) -> int:
@@ -391,9 +396,4 @@ def run_union(spark: Any, folder: Path, batching: str) -> dict[str, Any]:
     finally:
         query.stop()
         watch.close()
-    with duckdb.connect(str(db), read_only=True) as con:
-        late = con.execute(
-            "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), operator_kind, "
-            "operator_index, join_side, source_index, join_key, row_data::VARCHAR FROM late_rows"
-        ).fetchall()
-    return {"late": late, "progress": progress, "output": output}
+    return {"late": late_rows_of(db), "progress": progress, "output": output}
