@@ -297,6 +297,32 @@ def test_join_on_event_time_key(spark: Any, stream_dir: Path) -> None:
     check_join(result, sides=("left", "right"))
 
 
+def test_join_with_mixed_state_watermarks(spark: Any, stream_dir: Path) -> None:
+    """Mixed: only the left side's join key carries a watermark (the right key is a plain copy
+    of its time), which Spark uses to clean both sides by key (``state cleanup [ left key
+    predicate, right key predicate ]``), while the right side's own event time is another
+    column with its own watermark and a range condition. Each side's late-row filter is still
+    its own event time."""
+    from pyspark.sql import functions as F
+
+    result = run_join(
+        spark,
+        stream_dir,
+        lambda left, right: left.join(
+            right,
+            F.expr(
+                "lk = rk AND lt = r_at "
+                "AND rt BETWEEN lt - INTERVAL 5 SECONDS AND lt + INTERVAL 5 SECONDS"
+            ),
+        ),
+        name="join_mixed",
+        batching="each",
+        # a copy of the right time without the watermark's metadata: a key, not an event time
+        right_side=lambda f: f.withColumn("r_at", F.col("rt") + F.expr("INTERVAL 0 SECONDS")),
+    )
+    check_join(result, sides=("left", "right"))
+
+
 def test_join_on_event_time_windows(spark: Any, stream_dir: Path) -> None:
     """Windows in the join keys: each side's late rule judges its window's end."""
     from pyspark.sql import functions as F
