@@ -69,6 +69,12 @@ def main() -> None:
         .groupBy(F.window("ts", "10 seconds"))
         .count(),
         "session": events.groupBy("id", F.session_window("ts", "5 seconds")).count(),
+        "session_dynamic_gap": events.groupBy(
+            "id",
+            F.session_window(
+                "ts", F.when(F.col("v") == "a", "5 seconds").otherwise("10 seconds")
+            ),
+        ).count(),
         "raw_event_time": events.groupBy("ts").count(),
         "dedupe_then_window": events.dropDuplicates(["id", "ts"])
         .groupBy(F.window("ts", "10 seconds"))

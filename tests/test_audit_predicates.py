@@ -241,6 +241,15 @@ def test_plan_union_feeds_one_operator_from_two_sources() -> None:
     assert {i.spec for i in facts.audited} == {OperatorSpec(WINDOW, "ts", 10 * S, 10 * S, 10 * S)}
 
 
+def test_plan_session_window_with_a_gap_expression_is_refused_with_why() -> None:
+    facts = parse_plan(plan("session_dynamic_gap"))
+    (source,) = facts.inputs
+    assert source.spec is None and source.drops
+    assert source.reason and "gap" in source.reason and "CASE WHEN" in source.reason
+    with pytest.raises(AuditError, match="gap"):
+        overridden(facts)
+
+
 def test_plan_session_window_and_raw_event_time() -> None:
     assert parse_plan(plan("session")).spec == OperatorSpec(SESSION, "ts", 10 * S, gap_us=5 * S)
     assert parse_plan(plan("raw_event_time")).spec == OperatorSpec(AGGREGATE, "ts", 10 * S)
