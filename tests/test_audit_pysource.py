@@ -208,3 +208,52 @@ def test_audit_of_a_python_source_balances(spark: Any, stream_dir: Path, step: i
     assert sorted(set(ids) | output) == list(range(80))
     dropped = sum(op["numRowsDroppedByWatermark"] for p in progress for op in p["stateOperators"])
     assert len(ids) == dropped
+
+
+_NO_WMWATCH = """
+import importlib.abc, json, pickle, sys
+
+class NoWmwatch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "wmwatch" or name.startswith("wmwatch."):
+            raise ImportError("wmwatch is not installed on this executor")
+        return None
+
+sys.meta_path.insert(0, NoWmwatch())
+replay = pickle.loads(sys.stdin.buffer.read())
+reader = replay(json.loads(sys.argv[1])).reader(None)
+print(json.dumps([list(row) for p in reader.partitions() for row in reader.read(p)]))
+"""
+
+
+@pytest.mark.parametrize("source", [CountingSource, SimpleCountingSource])
+def test_replay_wrapper_runs_on_executors_without_wmwatch(source: type) -> None:
+    """What Spark ships to Python workers unpickles and reads without wmwatch installed there."""
+    import subprocess
+    import sys
+
+    from pyspark import cloudpickle
+
+    from wmwatch._audit.pysource import PythonSourceSpec, _replay_class, initial_offset
+
+    spec = PythonSourceSpec(source.name(), {"step": "7"}, '{"type":"struct","fields":[]}', source)
+    this_module = sys.modules[__name__]
+    # the user's classes travel by value too, as they do from a notebook
+    cloudpickle.register_pickle_by_value(this_module)
+    try:
+        shipped = cloudpickle.dumps(_replay_class(spec, "wmwatch_replay_test"))
+    finally:
+        cloudpickle.unregister_pickle_by_value(this_module)
+    start = initial_offset(None, spec)
+    assert json.loads(start) == {"rows": 0}
+    options = {"step": "7", "wmwatch.replay.start": start, "wmwatch.replay.end": '{"rows": 9}'}
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_WMWATCH, json.dumps(options)],
+        input=shipped,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    rows = sorted(tuple(r) for r in json.loads(done.stdout))
+    assert rows == [(i, epoch(i)) for i in range(9)]

@@ -84,15 +84,6 @@ def python_source_of(spark: Any, relation: Any) -> PythonSourceSpec:
     )
 
 
-def _stream_reader(data_source: type, options: dict[str, str], schema: Any) -> tuple[Any, bool]:
-    """The user's stream reader and whether it is a simple one."""
-    source = data_source(options)
-    try:
-        return source.streamReader(schema), False
-    except NotImplementedError:
-        return source.simpleStreamReader(schema), True
-
-
 def _offset(text: str, what: str) -> Any:
     try:
         return json.loads(text)
@@ -103,12 +94,15 @@ def _offset(text: str, what: str) -> Any:
         ) from exc
 
 
-def initial_offset(spec: PythonSourceSpec) -> str:
-    """The start offset of the first batch, as Spark logs it (``json.dumps``)."""
+def initial_offset(spark: Any, spec: PythonSourceSpec) -> str:
+    """The start offset of the first batch (no ``offsets/N-1``), as Spark logs it: the reader's
+    ``initialOffset()`` through ``json.dumps``. ``spark`` is unused today; it is taken so every
+    entry point of this module reads the same way."""
     from pyspark.sql.types import StructType
 
     schema = StructType.fromJson(json.loads(spec.schema_json))
-    reader, _ = _stream_reader(spec.data_source, dict(spec.options), schema)
+    replay = _replay_class(spec, _replay_name(spec))
+    reader, _ = replay.stream_reader(dict(spec.options), schema)  # type: ignore[attr-defined]
     return json.dumps(reader.initialOffset())
 
 
@@ -120,19 +114,33 @@ def _replay_name(spec: PythonSourceSpec) -> str:
 
 
 def _replay_class(spec: PythonSourceSpec, name: str) -> type:
-    """A batch data source that reads the user's stream reader between two given offsets."""
+    """A batch data source that reads the user's stream reader between two given offsets.
+
+    Spark pickles it (cloudpickle) to Python workers. Everything it uses is defined here, so
+    classes and functions travel by value and executors need pyspark and the user's data source
+    only, not wmwatch.
+    """
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
     from pyspark.sql.types import StructType
 
     user_class = spec.data_source
     schema_json = spec.schema_json
+    start_key, end_key = _START, _END
+
+    def open_stream(options: dict[str, str], schema: Any) -> tuple[Any, bool]:
+        """The user's stream reader and whether it is a simple one."""
+        source = user_class(options)
+        try:
+            return source.streamReader(schema), False
+        except NotImplementedError:
+            return source.simpleStreamReader(schema), True
 
     class ReplayReader(DataSourceReader):
         def __init__(self, options: dict[str, str], schema: Any) -> None:
-            own = {k: v for k, v in options.items() if k not in (_START, _END)}
-            self.start = json.loads(options[_START])
-            self.end = json.loads(options[_END])
-            self.stream, self.simple = _stream_reader(user_class, own, schema)
+            own = {k: v for k, v in options.items() if k not in (start_key, end_key)}
+            self.start = json.loads(options[start_key])
+            self.end = json.loads(options[end_key])
+            self.stream, self.simple = open_stream(own, schema)
 
         def partitions(self) -> Any:
             if self.simple:
@@ -146,6 +154,8 @@ def _replay_class(spec: PythonSourceSpec, name: str) -> type:
                 yield from self.stream.read(partition)
 
     class Replay(DataSource):
+        stream_reader = staticmethod(open_stream)
+
         @classmethod
         def name(cls) -> str:
             return name
@@ -207,7 +217,7 @@ class PythonBatchSource:
             )
         start = before.source_offsets[self.index] if before is not None else None
         if start is None:  # the source had no offset yet: the batch read from its start
-            start = initial_offset(self.spec)
+            start = initial_offset(None, self.spec)
         if _offset(start, "start") == _offset(end, "end"):
             return None  # the batch read nothing new from this source
         return start, end
