@@ -244,7 +244,7 @@ def test_replay_wrapper_runs_on_executors_without_wmwatch(source: type) -> None:
         shipped = cloudpickle.dumps(_replay_class(spec, "wmwatch_replay_test"))
     finally:
         cloudpickle.unregister_pickle_by_value(this_module)
-    start = initial_offset(None, spec)
+    start = initial_offset(spec)
     assert json.loads(start) == {"rows": 0}
     options = {"step": "7", "wmwatch.replay.start": start, "wmwatch.replay.end": '{"rows": 9}'}
     done = subprocess.run(

@@ -94,10 +94,9 @@ def _offset(text: str, what: str) -> Any:
         ) from exc
 
 
-def initial_offset(spark: Any, spec: PythonSourceSpec) -> str:
+def initial_offset(spec: PythonSourceSpec) -> str:
     """The start offset of the first batch (no ``offsets/N-1``), as Spark logs it: the reader's
-    ``initialOffset()`` through ``json.dumps``. ``spark`` is unused today; it is taken so every
-    entry point of this module reads the same way."""
+    ``initialOffset()`` through ``json.dumps``."""
     from pyspark.sql.types import StructType
 
     schema = StructType.fromJson(json.loads(spec.schema_json))
@@ -217,7 +216,7 @@ class PythonBatchSource:
             )
         start = before.source_offsets[self.index] if before is not None else None
         if start is None:  # the source had no offset yet: the batch read from its start
-            start = initial_offset(None, self.spec)
+            start = initial_offset(self.spec)
         if _offset(start, "start") == _offset(end, "end"):
             return None  # the batch read nothing new from this source
         return start, end
