@@ -23,6 +23,7 @@ from wmwatch._audit.predicates import (
     STATE,
     WINDOW,
     OperatorSpec,
+    override_spec,
 )
 from wmwatch._errors import AuditError
 from wmwatch._plantext import PlanNode, parse_plan_tree
@@ -306,25 +307,16 @@ def apply_overrides(
     Raises AuditError when nothing can be audited, or when overrides are given for a query with
     several audited sources (their rules come from the plan).
     """
-    from wmwatch._audit.predicates import override_spec
-
-    overrides = (kind, event_time, delay, window, slide)
-    if all(v is None for v in overrides):
-        if not plan.audited:
-            raise AuditError(
-                f"cannot audit this query: {plan.problem or 'its plan is not understood'}; "
-                "pass kind=, event_time= (and window=, slide= for windows) if it does drop late "
-                "rows."
-            )
+    if plan.audited and all(v is None for v in (kind, event_time, delay, window, slide)):
         return plan
     if len(plan.audited) > 1:
         raise AuditError(
             "kind=, event_time=, delay=, window= and slide= apply to a query with one audited "
             "source; this query has several, whose rules come from its plan: drop them."
         )
-    target = plan.audited[0] if plan.audited else None
+    # raises the "cannot audit" error when neither the plan nor the overrides give a rule
     spec = override_spec(
-        target.spec if target else None,
+        plan.spec,
         plan.watermark_column,
         plan.delay_us,
         kind=kind,
@@ -334,10 +326,8 @@ def apply_overrides(
         slide=slide,
         problem=plan.problem,
     )
+    target = plan.audited[0] if plan.audited else (plan.inputs[0] if plan.inputs else None)
     if target is None:
-        first = plan.inputs[0] if plan.inputs else PlanInput(0, "", None, None, drops=True)
-        target = first
-    inputs = tuple(
-        replace(i, spec=spec, drops=True) if i is target else i for i in plan.inputs
-    ) or (replace(target, spec=spec, drops=True),)
+        return replace(plan, inputs=(PlanInput(0, "", spec, None, drops=True),))
+    inputs = tuple(replace(i, spec=spec, drops=True) if i is target else i for i in plan.inputs)
     return replace(plan, inputs=inputs)
