@@ -81,7 +81,7 @@ def main(folder: str, mode: str, shape: str = "window") -> int:
         state = read_events()
         queries["state"] = (
             state.groupBy("user").applyInPandasWithState(
-                _seen_rows, "id int", "n int", "append", "EventTimeTimeout"
+                seen_rows, "id int", "n int", "append", "EventTimeTimeout"
             ),
             state,
             "append",
@@ -89,7 +89,7 @@ def main(folder: str, mode: str, shape: str = "window") -> int:
         tws = read_events()
         queries["tws"] = (
             tws.groupBy("user").transformWithStateInPandas(
-                statefulProcessor=_Seen(),
+                statefulProcessor=seen_processor(),
                 outputStructType="id int",
                 outputMode="Append",
                 timeMode="EventTime",
@@ -210,12 +210,12 @@ def _lines_source() -> type:
     return LinesSource
 
 
-def _seen_class() -> type:
+def seen_processor() -> Any:
+    """A StatefulProcessor that emits the id of every row it is given (the rows
+    transformWithState did not drop)."""
     from pyspark.sql.streaming import StatefulProcessor
 
     class Seen(StatefulProcessor):
-        """Emits the id of every row it is given (the rows transformWithState did not drop)."""
-
         def init(self, handle: Any) -> None:
             self.handle = handle
 
@@ -228,14 +228,10 @@ def _seen_class() -> type:
         def close(self) -> None:
             pass
 
-    return Seen
+    return Seen()
 
 
-def _Seen() -> Any:  # noqa: N802
-    return _seen_class()()
-
-
-def _seen_rows(key: Any, frames: Any, state: Any) -> Any:
+def seen_rows(key: Any, frames: Any, state: Any) -> Any:
     """Emit the id of every row the state function is given (the rows it did not drop)."""
     import pandas as pd
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import wmwatch
+from tests.audit_crash_driver import seen_processor, seen_rows
 from tests.helpers import write_events
 from tests.test_audit_spark import (
     DELAY,
@@ -139,19 +139,6 @@ def test_raw_event_time_aggregation_conservation(
     assert len(groups) == dropped_by_watermark(progress)
 
 
-def _seen_rows(key: Any, frames: Iterator[Any], state: Any) -> Iterator[Any]:
-    """Emit the id of every row the function is given (what the operator did not drop)."""
-    import pandas as pd
-
-    for frame in frames:
-        yield pd.DataFrame({"id": frame["id"].astype("int32")})
-    if state.hasTimedOut:
-        state.remove()
-    else:
-        state.update((1,))
-        state.setTimeoutTimestamp(state.getCurrentWatermarkMs() + 60_000)
-
-
 @pytest.mark.parametrize("batching", ["each", "bulk"])
 def test_apply_in_pandas_with_state_event_time_timeout(
     spark: Any, stream_dir: Path, batching: str
@@ -160,7 +147,7 @@ def test_apply_in_pandas_with_state_event_time_timeout(
         spark,
         stream_dir,
         lambda e: e.groupBy("user").applyInPandasWithState(
-            _seen_rows, "id int", "n int", "append", "EventTimeTimeout"
+            seen_rows, "id int", "n int", "append", "EventTimeTimeout"
         ),
         batching=batching,
         name=f"state_{batching}",
@@ -178,21 +165,7 @@ def test_apply_in_pandas_with_state_event_time_timeout(
 def test_transform_with_state_in_event_time_mode(
     spark: Any, stream_dir: Path, batching: str
 ) -> None:
-    from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
     from pyspark.sql.types import IntegerType, StructField, StructType
-
-    class Seen(StatefulProcessor):
-        def init(self, handle: StatefulProcessorHandle) -> None:
-            self.handle = handle
-
-        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802, N803
-            import pandas as pd
-
-            for frame in rows:
-                yield pd.DataFrame({"id": frame["id"].astype("int32")})
-
-        def close(self) -> None:
-            pass
 
     provider = "spark.sql.streaming.stateStore.providerClass"
     before = spark.conf.get(provider, None)
@@ -204,7 +177,7 @@ def test_transform_with_state_in_event_time_mode(
             spark,
             stream_dir,
             lambda e: e.groupBy("user").transformWithStateInPandas(
-                statefulProcessor=Seen(),
+                statefulProcessor=seen_processor(),
                 outputStructType=StructType([StructField("id", IntegerType())]),
                 outputMode="Append",
                 timeMode="EventTime",
