@@ -277,6 +277,25 @@ def progress_rows(
     return ProgressRows(batch, operators, sources)
 
 
+def _insert_batch_rows(
+    con: duckdb.DuckDBPyConnection, table: str, fields: tuple[str, ...], rows: list[Any]
+) -> None:
+    """Insert (or replace) the per-batch child rows of a table (operators, sources), staged and
+    joined to the staged batches they belong to."""
+    if not rows:
+        return
+    _stage(con, f"wmwatch_stage_{table}", fields, rows)
+    names = _stored(fields)
+    con.execute(
+        f"""
+        INSERT OR REPLACE INTO {table} ({", ".join(names)})
+        SELECT {", ".join(_selected("o", n) for n in names)}
+        FROM wmwatch_stage_{table} o
+        JOIN wmwatch_stage_batches s USING (query_id, batch_id, seq)
+        """
+    )
+
+
 def _stage(
     con: duckdb.DuckDBPyConnection,
     table: str,
@@ -330,30 +349,12 @@ def write_progress_rows(con: duckdb.DuckDBPyConnection, items: list[ProgressRows
                ON pb.query_id = s.query_id AND pb.batch_id = s.batch_id - 1
         """
     )
-    operators = [row for item in items for row in item.operators]
-    if operators:
-        _stage(con, "wmwatch_stage_operators", OperatorRow._fields, list(operators))
-        names = _stored(OperatorRow._fields)
-        con.execute(
-            f"""
-            INSERT OR REPLACE INTO operators ({", ".join(names)})
-            SELECT {", ".join(_selected("o", n) for n in names)}
-            FROM wmwatch_stage_operators o
-            JOIN wmwatch_stage_batches s USING (query_id, batch_id, seq)
-            """
-        )
-    sources = [row for item in items for row in item.sources]
-    if sources:
-        _stage(con, "wmwatch_stage_sources", SourceRow._fields, list(sources))
-        names = _stored(SourceRow._fields)
-        con.execute(
-            f"""
-            INSERT OR REPLACE INTO sources ({", ".join(names)})
-            SELECT {", ".join(_selected("o", n) for n in names)}
-            FROM wmwatch_stage_sources o
-            JOIN wmwatch_stage_batches s USING (query_id, batch_id, seq)
-            """
-        )
+    _insert_batch_rows(
+        con, "operators", OperatorRow._fields, [r for item in items for r in item.operators]
+    )
+    _insert_batch_rows(
+        con, "sources", SourceRow._fields, [r for item in items for r in item.sources]
+    )
     # A retried batch that reports fewer operators or sources than its first attempt.
     con.execute(
         """
