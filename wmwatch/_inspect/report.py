@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from wmwatch._section import Scope, Section, grouped, named_rows
+from wmwatch._section import Row, Scope, Section, grouped, named_rows
 from wmwatch._time import as_utc, format_at, from_epoch_seconds
 
 if TYPE_CHECKING:
@@ -94,6 +94,23 @@ FINDINGS_SECTION = Section(
 # -- watermarks -----------------------------------------------------------------------------------
 
 
+
+def _latest_batch_rows(
+    con: duckdb.DuckDBPyConnection, table: str, columns: str, order_by: str, ids: list[str]
+) -> list[Row]:
+    """The rows of each query's latest batch in ``table`` (query_id, batch_id, ``columns``)."""
+    return named_rows(
+        con,
+        f"""
+        SELECT query_id, batch_id, {columns}
+        FROM {table} t
+        WHERE query_id IN (SELECT unnest($1::VARCHAR[]))
+          AND batch_id = (SELECT max(batch_id) FROM {table} m WHERE m.query_id = t.query_id)
+        ORDER BY query_id, {order_by}
+        """,
+        (ids,),
+    )
+
 def load_watermarks(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, dict[str, Any]]:
     """Per query: the latest recorded per-operator and per-source watermarks, and the policy.
 
@@ -105,18 +122,12 @@ def load_watermarks(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, d
     if not ids or not _has_table(con, "operator_watermarks"):
         return {}
     out: dict[str, dict[str, Any]] = {}
-    operators = named_rows(
+    operators = _latest_batch_rows(
         con,
-        """
-        SELECT query_id, batch_id, operator_id, operator_name,
-               late_watermark_at, eviction_watermark_at
-        FROM operator_watermarks o
-        WHERE query_id IN (SELECT unnest($1::VARCHAR[]))
-          AND batch_id = (SELECT max(batch_id) FROM operator_watermarks m
-                          WHERE m.query_id = o.query_id)
-        ORDER BY query_id, operator_id
-        """,
-        (ids,),
+        "operator_watermarks",
+        "operator_id, operator_name, late_watermark_at, eviction_watermark_at",
+        "operator_id",
+        ids,
     )
     for row in operators:
         entry = out.setdefault(row["query_id"], _empty_entry())
@@ -129,18 +140,13 @@ def load_watermarks(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, d
                 "eviction_watermark_at": as_utc(row["eviction_watermark_at"]),
             }
         )
-    sources = named_rows(
+    sources = _latest_batch_rows(
         con,
-        """
-        SELECT query_id, batch_id, source, event_time_column, delay_seconds, watermark_at,
-               event_time_max_at, idle_batches, holding_back, policy
-        FROM source_watermarks s
-        WHERE query_id IN (SELECT unnest($1::VARCHAR[]))
-          AND batch_id = (SELECT max(batch_id) FROM source_watermarks m
-                          WHERE m.query_id = s.query_id)
-        ORDER BY query_id, source
-        """,
-        (ids,),
+        "source_watermarks",
+        "source, event_time_column, delay_seconds, watermark_at, event_time_max_at, "
+        "idle_batches, holding_back, policy",
+        "source",
+        ids,
     )
     for row in sources:
         entry = out.setdefault(row["query_id"], _empty_entry())
