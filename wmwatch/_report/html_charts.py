@@ -532,6 +532,8 @@ def _restarts(ax: Axes, h: QueryHistory) -> None:
 def _batch_axis(ax: Axes, h: QueryHistory) -> None:
     """Batch time on x, over exactly the batches in scope (one point would span years)."""
     _time_axis(ax, "x", "batch time (UTC)")
+    if not len(h.batch_at_seconds):
+        return  # no batch has a time: the chart has no series and is left out
     first, last = float(h.batch_at_seconds[0]), float(h.batch_at_seconds[-1])
     pad = max((last - first) * 0.02, 1.0)
     ax.set_xlim((first - pad) / 86400.0, (last + pad) / 86400.0)
