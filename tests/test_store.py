@@ -709,16 +709,19 @@ def test_open_readonly_on_a_missing_file_is_a_clear_error(tmp_path: Path) -> Non
     assert not (tmp_path / "missing.duckdb").exists()
 
 
-def test_reader_of_an_older_history_sees_the_latest_schema(tmp_path: Path) -> None:
-    """A file written by an older wmwatch (schema v3 here) is read, never migrated, by the
-    report: later tables are empty and later columns NULL."""
+@pytest.mark.parametrize("old_version", [1, 3])
+def test_reader_of_an_older_history_sees_the_latest_schema(
+    tmp_path: Path, old_version: int
+) -> None:
+    """A file written by an older wmwatch is read, never migrated, by the report (text and
+    HTML): later tables are empty and later columns NULL."""
     from wmwatch._report.build import build_report
     from wmwatch._store.schema import MIGRATIONS, VERSION_TABLE
 
     db = tmp_path / "old.duckdb"
     with duckdb.connect(str(db)) as con:
         con.execute(VERSION_TABLE)
-        for migration in MIGRATIONS[:3]:
+        for migration in MIGRATIONS[:old_version]:
             for statement in migration.statements:
                 con.execute(statement)
             con.execute(
@@ -729,14 +732,27 @@ def test_reader_of_an_older_history_sees_the_latest_schema(tmp_path: Path) -> No
             "INSERT INTO late_rows (query_id, batch_id, audited_at, operator_kind) "
             "VALUES ('q', 3, now(), 'window')"
         )
-    assert LATEST_VERSION > 3
+        con.execute("INSERT INTO queries (query_id, run_id, status) VALUES ('q', 'r', 'active')")
+        con.execute(
+            "INSERT INTO batches (query_id, batch_id, run_id, recorded_at) "
+            "VALUES ('q', 3, 'r', now())"
+        )
+    assert old_version < LATEST_VERSION
     with open_readonly(db) as con:
         rows = con.execute(
             "SELECT batch_id, operator_index, join_side, join_key FROM late_rows"
         ).fetchall()
         assert rows == [(3, None, None, None)]
         assert con.execute("SELECT late_rows_by_input FROM audit_batches").fetchall() == []
-        build_report(con, db=str(db))
+        report = build_report(con, db=str(db))
+        assert [q.query_id for q in report.queries] == ["q"]
+    from typer.testing import CliRunner
+
+    from wmwatch.cli import app
+
+    for form in ("json", "html"):
+        shown = CliRunner().invoke(app, ["report", "--db", str(db), "--format", form])
+        assert shown.exit_code == 0, shown.output
     with duckdb.connect(str(db), read_only=True) as con:  # the file itself is unchanged
         version = con.execute("SELECT max(version) FROM wmwatch_schema").fetchone()
-        assert version == (3,)
+        assert version == (old_version,)

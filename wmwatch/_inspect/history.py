@@ -12,7 +12,6 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from wmwatch._inspect.report import _has_table
 from wmwatch._section import Scope, as_float, named_rows
 
 if TYPE_CHECKING:
@@ -55,39 +54,38 @@ def load_watermarks_history(
     ids = list(scope.query_ids)
     first_ids = [[qid, str(scope.first_batch_id(qid))] for qid in ids]
     out: dict[str, WatermarksHistory] = {}
-    if _has_table(con, "source_watermarks"):
-        rows = named_rows(
-            con,
-            """
-            WITH first_ids AS (SELECT f[1] AS query_id, f[2]::BIGINT AS first_id
-                               FROM (SELECT unnest($1::VARCHAR[][]) AS f))
-            SELECT s.query_id, coalesce(s.source, s.node_id) AS source, s.batch_id,
-                   s.event_time_column, s.delay_seconds, epoch(s.watermark_at) AS wm_s,
-                   epoch(s.event_time_max_at) AS max_s, coalesce(s.holding_back, false) AS back,
-                   s.policy
-            FROM source_watermarks s JOIN first_ids USING (query_id)
-            WHERE s.batch_id >= first_ids.first_id
-            ORDER BY s.query_id, source, s.batch_id
-            """,
-            (first_ids,),
-        )
-        series: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for row in rows:
-            series.setdefault((row["query_id"], row["source"]), []).append(row)
-            entry = out.setdefault(row["query_id"], WatermarksHistory())
-            entry.policy = row["policy"] or entry.policy
-        for (qid, source), points in series.items():
-            out[qid].inputs.append(
-                InputSeries(
-                    source=source,
-                    event_time_column=points[-1]["event_time_column"],
-                    delay_seconds=as_float(points[-1]["delay_seconds"]),
-                    batch_ids=tuple(int(p["batch_id"]) for p in points),
-                    watermark_seconds=tuple(as_float(p["wm_s"]) for p in points),
-                    event_time_max_seconds=tuple(as_float(p["max_s"]) for p in points),
-                    holding_back=tuple(bool(p["back"]) for p in points),
-                )
+    rows = named_rows(
+        con,
+        """
+        WITH first_ids AS (SELECT f[1] AS query_id, f[2]::BIGINT AS first_id
+                           FROM (SELECT unnest($1::VARCHAR[][]) AS f))
+        SELECT s.query_id, coalesce(s.source, s.node_id) AS source, s.batch_id,
+               s.event_time_column, s.delay_seconds, epoch(s.watermark_at) AS wm_s,
+               epoch(s.event_time_max_at) AS max_s, coalesce(s.holding_back, false) AS back,
+               s.policy
+        FROM source_watermarks s JOIN first_ids USING (query_id)
+        WHERE s.batch_id >= first_ids.first_id
+        ORDER BY s.query_id, source, s.batch_id
+        """,
+        (first_ids,),
+    )
+    series: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        series.setdefault((row["query_id"], row["source"]), []).append(row)
+        entry = out.setdefault(row["query_id"], WatermarksHistory())
+        entry.policy = row["policy"] or entry.policy
+    for (qid, source), points in series.items():
+        out[qid].inputs.append(
+            InputSeries(
+                source=source,
+                event_time_column=points[-1]["event_time_column"],
+                delay_seconds=as_float(points[-1]["delay_seconds"]),
+                batch_ids=tuple(int(p["batch_id"]) for p in points),
+                watermark_seconds=tuple(as_float(p["wm_s"]) for p in points),
+                event_time_max_seconds=tuple(as_float(p["max_s"]) for p in points),
+                holding_back=tuple(bool(p["back"]) for p in points),
             )
+        )
     for row in named_rows(
         con,
         """

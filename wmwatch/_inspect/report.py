@@ -119,7 +119,7 @@ def load_watermarks(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, d
     datetimes.
     """
     ids = list(scope.query_ids)
-    if not ids or not _has_table(con, "operator_watermarks"):
+    if not ids:
         return {}
     out: dict[str, dict[str, Any]] = {}
     operators = _latest_batch_rows(
@@ -217,13 +217,6 @@ def watermarks_csv(data: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def _empty_entry() -> dict[str, Any]:
     return {"policy": None, "operators": [], "sources": [], "holding_back": []}
-
-
-def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    found = con.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
-    ).fetchone()
-    return bool(found and found[0])
 
 
 WATERMARKS_SECTION = Section(
