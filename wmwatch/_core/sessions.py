@@ -21,6 +21,11 @@ from typing import Any, Generic, TypeVar
 W = TypeVar("W")
 
 
+def is_connect(obj: Any) -> bool:
+    """Whether a session or DataFrame is Spark Connect's (a client without a JVM)."""
+    return type(obj).__module__.startswith("pyspark.sql.connect")
+
+
 def session_key(spark: Any) -> Hashable:
     """What identifies ``spark`` while it lives (see the module docstring)."""
     jsession = getattr(spark, "_jsparkSession", None)

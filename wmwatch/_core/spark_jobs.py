@@ -3,8 +3,8 @@
 wmwatch shares the SparkContext with the query it watches, so a job of its own (an audit replay,
 a state-store count) must never run unbounded: every one runs inside :func:`bounded_job`, which
 tags it, names it in the Spark UI, puts it in wmwatch's scheduler pool and cancels it when it
-outlives its deadline. Memory is bounded by how each caller shapes its job (aggregates, limits,
-chunks); this module bounds time.
+outlives its deadline (on Spark Connect: tags it and has the server interrupt it). Memory is
+bounded by how each caller shapes its job (aggregates, limits, chunks); this module bounds time.
 """
 
 from __future__ import annotations
@@ -12,10 +12,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from wmwatch._core.sessions import is_connect
 from wmwatch._errors import WmwatchError
+
+# after the deadline, how often the body's jobs are cancelled again
+_CANCEL_AGAIN_SECONDS = 1.0
 
 
 class JobTimeoutError(WmwatchError):
@@ -30,24 +34,57 @@ def bounded_job(
 
     Local properties are per thread (PySpark's pinned threads), so this never touches the
     production query's jobs. Raises :class:`JobTimeoutError` when the deadline cancelled them.
+    On Spark Connect the body's operations carry a tag (Connect's tags are per thread too) that
+    the server interrupts; pools and job descriptions are server settings a client cannot scope
+    to its own jobs, so they are left alone there.
     """
-    sc = spark.sparkContext
     tag = f"wmwatch-{uuid.uuid4().hex[:12]}"
-    timed_out = threading.Event()
-
-    def cancel() -> None:
-        timed_out.set()
-        with contextlib.suppress(Exception):
-            sc.cancelJobsWithTag(tag)
-
-    timer = threading.Timer(timeout_seconds, cancel)
-    timer.daemon = True
+    if is_connect(spark):
+        spark.addTag(tag)
+        try:
+            with _deadline(lambda: spark.interruptTag(tag), description, timeout_seconds):
+                yield
+        finally:
+            with contextlib.suppress(Exception):
+                spark.removeTag(tag)
+        return
+    sc = spark.sparkContext
     if pool is not None:
         sc.setLocalProperty("spark.scheduler.pool", pool)
     sc.setJobDescription(description)
     sc.addJobTag(tag)
     sc.setInterruptOnCancel(True)
-    timer.start()
+    try:
+        with _deadline(lambda: sc.cancelJobsWithTag(tag), description, timeout_seconds):
+            yield
+    finally:
+        with contextlib.suppress(Exception):
+            sc.removeJobTag(tag)
+            sc.setInterruptOnCancel(False)
+            sc.setJobDescription(None)
+
+
+@contextlib.contextmanager
+def _deadline(
+    cancel: Callable[[], Any], description: str, timeout_seconds: float
+) -> Iterator[None]:
+    """Call ``cancel`` once the body outlives ``timeout_seconds``, and again every second until
+    it ends: a job submitted after the deadline (a slow plan, the body's next action) is
+    cancelled too. The body's failure after the deadline is a :class:`JobTimeoutError`."""
+    timed_out = threading.Event()
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(timeout_seconds):
+            return
+        timed_out.set()
+        while not done.is_set():
+            with contextlib.suppress(Exception):
+                cancel()
+            done.wait(_CANCEL_AGAIN_SECONDS)
+
+    watcher = threading.Thread(target=watch, name="wmwatch-job-deadline", daemon=True)
+    watcher.start()
     try:
         yield
     except Exception as exc:
@@ -57,8 +94,4 @@ def bounded_job(
             ) from exc
         raise
     finally:
-        timer.cancel()
-        with contextlib.suppress(Exception):
-            sc.removeJobTag(tag)
-            sc.setInterruptOnCancel(False)
-            sc.setJobDescription(None)
+        done.set()
