@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from wmwatch._inspect.watermarks import (
+    NodeWatermarks,
     SourceWatermark,
     WatermarkMonitor,
     holding_back,
@@ -116,3 +117,57 @@ def test_jump_flagged_and_later_drops_attributed_until_event_times_catch_up() ->
     assert update.evidence["batches_with_drops"] == [6, 7]
     (done,) = monitor.observe(progress(8, future, max_at=future + timedelta(seconds=5)))
     assert done.action == "resolve" and done.evidence["dropped_after_jump"] == 5
+
+
+def _two_nodes(policy: str = "min") -> NodeWatermarks:
+    # node "a" reads source 0 and comes first in the plan; node "b" reads source 1
+    return NodeWatermarks(
+        order=("a", "b"),
+        delays_ms={"a": 10_000, "b": 10_000},
+        sources={"a": (0,), "b": (1,)},
+        policy=policy,
+    )
+
+
+def test_node_watermarks_follow_the_node_progress_describes() -> None:
+    nodes = _two_nodes()
+    nodes.observe(0, 60_000, {0: 0, 1: 3})  # only b read rows: eventTime is b's
+    assert nodes.watermarks() == {"a": None, "b": datetime.fromtimestamp(50, UTC)}
+    nodes.observe(0, 100_000, {0: 2, 1: 0})
+    assert nodes.watermarks()["a"] == datetime.fromtimestamp(90, UTC)
+    # a lower max never lowers a node's watermark
+    nodes.observe(50_000, 70_000, {0: 1, 1: 0})
+    assert nodes.watermarks()["a"] == datetime.fromtimestamp(90, UTC)
+
+
+def test_node_watermarks_of_an_unreported_node_come_from_the_global_one() -> None:
+    nodes = _two_nodes()
+    nodes.observe(0, 60_000, {0: 2, 1: 2})  # both read rows: only a's max is reported
+    assert nodes.watermarks() == {"a": datetime.fromtimestamp(50, UTC), "b": None}
+    # the global watermark moved to 40 s, below a's 50 s: under min it is b's own
+    nodes.observe(40_000, 120_000, {0: 1, 1: 0})
+    assert nodes.watermarks() == {
+        "a": datetime.fromtimestamp(110, UTC),
+        "b": datetime.fromtimestamp(40, UTC),
+    }
+
+
+def test_node_watermarks_stay_unknown_when_the_global_one_does_not_pin_them() -> None:
+    nodes = _two_nodes()
+    nodes.observe(0, 60_000, {0: 2, 1: 2})
+    # the global watermark equals a's: b is at least that, not known
+    nodes.observe(50_000, 60_000, {0: 0, 1: 0})
+    assert nodes.watermarks()["b"] is None
+    # max policy: a global watermark above every known node is the unknown node's
+    high = _two_nodes("max")
+    high.observe(0, 60_000, {0: 2, 1: 2})
+    high.observe(80_000, None, {})
+    assert high.watermarks()["b"] == datetime.fromtimestamp(80, UTC)
+
+
+def test_node_watermarks_ignore_a_global_value_that_never_moved_in_the_run() -> None:
+    # after a restart the global watermark comes back from the checkpoint, above the nodes'
+    nodes = _two_nodes()
+    nodes.observe(500_000, 60_000, {0: 2, 1: 2})
+    nodes.observe(500_000, None, {})
+    assert nodes.watermarks()["b"] is None

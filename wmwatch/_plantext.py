@@ -1,12 +1,14 @@
 """Spark's plan tree text (``+-``/``:-`` prefixes, three characters a level) parsed into nodes.
 
-Both the plan reader and the audit read plans printed by Spark; this is the one parser.
+Both the plan reader and the audit read plans printed by Spark; this is the one parser, and
+:func:`explain_text` the one way a Spark Connect client gets a query's plans.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,22 @@ class PlanNode:
         for child in self.children:
             nodes.extend(child.walk())
         return nodes
+
+
+def streaming_relations(roots: list[PlanNode]) -> list[PlanNode]:
+    """The nodes that stand for the query's sources, in source order (the checkpoint's
+    ``sources/<i>``): its streaming relations; in the explain text of its last batch (all Spark
+    Connect shows), which has none, each batch's data for a source instead: the lowest nodes
+    Spark marks as streaming ("~"), above the batch relation that holds the data."""
+    nodes = [n for root in roots for n in root.walk()]
+    relations = [n for n in nodes if not n.children and n.name.startswith("Streaming")]
+    if relations:
+        return relations
+    return [
+        n
+        for n in nodes
+        if n.line.startswith("~") and not any(c.line.startswith("~") for c in n.children)
+    ]
 
 
 _TREE_PREFIX = re.compile(r"^(?P<pipes>[ :]*)[+:]- ")
@@ -68,3 +86,15 @@ def physical_plan_section(text: str) -> str:
     if marker not in text:
         return text
     return text.split(marker, 1)[1]
+
+
+def explain_text(query: Any) -> str | None:
+    """``explain(True)`` text of a Spark Connect query without printing it."""
+    try:
+        import pyspark.sql.connect.proto as pb2
+
+        cmd = pb2.StreamingQueryCommand()
+        cmd.explain.extended = True
+        return str(query._execute_streaming_query_cmd(cmd).explain.result)
+    except Exception:
+        return None

@@ -32,7 +32,7 @@ from wmwatch._inspect.joins import (
     parse_join_lines,
 )
 from wmwatch._inspect.watermarks import OperatorWatermark, policy_from_conf
-from wmwatch._plantext import parse_plan_tree, physical_plan_section
+from wmwatch._plantext import parse_plan_tree, physical_plan_section, streaming_relations
 from wmwatch._text import redact
 from wmwatch._time import from_epoch_ms, interval_seconds
 
@@ -72,6 +72,8 @@ class WatermarkNode:
     event_time_column: str | None
     delay_seconds: float | None
     text: str
+    # the positions of the sources under it (from plan text, where no description names them)
+    source_positions: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,17 +167,21 @@ def _logical_section(text: str) -> str | None:
 
 def _watermark_nodes_from_text(text: str) -> tuple[WatermarkNode, ...]:
     nodes: dict[str, WatermarkNode] = {}
-    for root in parse_plan_tree(text):
+    roots = parse_plan_tree(text)
+    relations = streaming_relations(roots)
+    for root in roots:
         for node in root.walk():
             match = _WATERMARK_LINE.search(node.line)
             if not match or match.group(1) in nodes:
                 continue
-            subtree = "\n".join(n.line for n in node.walk())[:_MAX_TEXT_CHARS]
+            below = node.walk()
+            subtree = "\n".join(n.line for n in below)[:_MAX_TEXT_CHARS]
             nodes[match.group(1)] = WatermarkNode(
                 match.group(1),
                 match.group("col").strip(),
                 interval_seconds(match.group("delay")),
                 subtree,
+                tuple(i for i, r in enumerate(relations) if any(r is n for n in below)),
             )
     return tuple(nodes.values())
 
@@ -348,18 +354,3 @@ def count_join_side_rows(
             )
             counts[side] = int(frame.count())
     return counts
-
-
-# -- Spark Connect -------------------------------------------------------------------------------
-
-
-def explain_text(query: Any) -> str | None:
-    """``explain(True)`` text of a Spark Connect query without printing it."""
-    try:
-        import pyspark.sql.connect.proto as pb2
-
-        cmd = pb2.StreamingQueryCommand()
-        cmd.explain.extended = True
-        return str(query._execute_streaming_query_cmd(cmd).explain.result)
-    except Exception:
-        return None

@@ -16,12 +16,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client.core import Metric
 
 from wmwatch._core.plugins import HistoryAccess, WatchContext, WatchPlugin
+from wmwatch._core.sessions import is_connect
 from wmwatch._events import QueryStarted, QueryTerminated
 from wmwatch._inspect.evaluate import apply_verdict, judge_joins
 from wmwatch._inspect.findings import Finding, FindingsBook
@@ -31,7 +33,6 @@ from wmwatch._inspect.plan import (
     PlanFacts,
     WatermarkReading,
     count_join_side_rows,
-    explain_text,
     facts_from_jvm,
     facts_from_text,
     operator_watermarks_from_text,
@@ -40,7 +41,12 @@ from wmwatch._inspect.plan import (
 from wmwatch._inspect.reads import LatestReads
 from wmwatch._inspect.state import QueryState
 from wmwatch._inspect.tables import write_finding, write_watermarks
-from wmwatch._inspect.watermarks import OperatorWatermark, SourceWatermark, WatermarkMonitor
+from wmwatch._inspect.watermarks import (
+    OperatorWatermark,
+    SourceWatermark,
+    WatermarkMonitor,
+)
+from wmwatch._plantext import explain_text
 from wmwatch._progress import ProgressSnapshot
 
 log = logging.getLogger("wmwatch.plan")
@@ -74,6 +80,8 @@ class PlanPlugin(WatchPlugin):
         min_read_interval_seconds: float = 1.0,
     ) -> None:
         self._context = context
+        # a Spark Connect client reads no watermark tracker: it follows each node from progress
+        self._connect = is_connect(context.spark)
         self.state_budget_bytes = state_budget_bytes
         self.growth_window_batches = growth_window_batches
         self.min_growth_batches = min_growth_batches
@@ -137,6 +145,8 @@ class PlanPlugin(WatchPlugin):
                 q.growth[op.operator_id] = analyze_growth(
                     window, min_batches=self.min_growth_batches
                 )
+            if self._connect:
+                q.follow_watermarks(snapshot)
             q.refresh_sources()
             self._judge_joins(q, snapshot.batch_id, at)
             for verdict in q.monitor.observe(snapshot, holding=q.sources):
@@ -274,6 +284,26 @@ class PlanPlugin(WatchPlugin):
         eviction: this batch's), which is what the explain text shows on Spark 4.3."""
         previous = self._previous_watermark.get(snapshot.query_id)
         self._previous_watermark[snapshot.query_id] = snapshot.watermark_at
+        reading = self._read_connect_operators(query, snapshot, due, facts, previous)
+        facts = self._connect_facts.get(snapshot.query_id, facts)
+        if reading is None or facts is None:
+            return reading
+        with self._lock:
+            q = self._queries.get(snapshot.query_id)
+            if q is None or q.run_id != snapshot.run_id:
+                return reading
+            q.start_following(facts)
+            assert q.node_watermarks is not None
+            return replace(reading, nodes=q.node_watermarks.watermarks())
+
+    def _read_connect_operators(
+        self,
+        query: Any,
+        snapshot: ProgressSnapshot,
+        due: bool,
+        facts: PlanFacts | None,
+        previous: datetime | None,
+    ) -> WatermarkReading | None:
         if due or facts is None:
             started = time.perf_counter()
             text = explain_text(query)

@@ -13,9 +13,18 @@ from datetime import datetime
 
 from wmwatch._inspect.joins import Growth, JoinCheck, StateSample
 from wmwatch._inspect.plan import PlanFacts, WatermarkReading
-from wmwatch._inspect.watermarks import SourceWatermark, WatermarkMonitor, holding_back
-from wmwatch._progress import query_label
+from wmwatch._inspect.watermarks import (
+    NodeWatermarks,
+    ProgressMark,
+    SourceWatermark,
+    WatermarkMonitor,
+    holding_back,
+)
+from wmwatch._progress import ProgressSnapshot, query_label
 from wmwatch._text import redact
+
+# batches of progress kept while a Spark Connect query's plan is not read yet
+_MAX_PENDING_MARKS = 10_000
 
 
 @dataclass
@@ -39,6 +48,12 @@ class QueryState:
     side_rows: dict[int, deque[tuple[datetime, dict[str, int]]]] = field(default_factory=dict)
     side_counted_batch: dict[int, int] = field(default_factory=dict)
     side_count_failed: bool = False
+    # Spark Connect: each node's watermark followed from every batch's progress (None until the
+    # plan's facts are known; the batches before that wait in progress_marks)
+    node_watermarks: NodeWatermarks | None = None
+    progress_marks: deque[ProgressMark] = field(
+        default_factory=lambda: deque(maxlen=_MAX_PENDING_MARKS)
+    )
 
     @property
     def label(self) -> str:
@@ -59,6 +74,32 @@ class QueryState:
         self.side_rows.clear()
         self.side_counted_batch.clear()
         self.side_count_failed = False
+        self.node_watermarks = None
+        self.progress_marks.clear()
+
+    def follow_watermarks(self, snapshot: ProgressSnapshot) -> None:
+        """Spark Connect: feed one batch's progress to the per-node watermarks."""
+        mark = ProgressMark.of(snapshot)
+        if self.node_watermarks is None:
+            self.progress_marks.append(mark)
+        else:
+            self.node_watermarks.observe(*mark)
+
+    def start_following(self, facts: PlanFacts) -> None:
+        """Spark Connect: the plan's facts are known: follow its nodes from the run's start."""
+        order = tuple(n.node_id for n in facts.watermark_nodes)
+        if self.node_watermarks is not None and self.node_watermarks.order == order:
+            return
+        nodes = facts.watermark_nodes
+        self.node_watermarks = NodeWatermarks(
+            order=order,
+            delays_ms={n.node_id: int((n.delay_seconds or 0) * 1000) for n in nodes},
+            sources={n.node_id: n.source_positions for n in nodes},
+            policy=facts.policy,
+        )
+        for mark in self.progress_marks:
+            self.node_watermarks.observe(*mark)
+        self.progress_marks.clear()
 
     def side_rate(self, op_id: int, side: str) -> float | None:
         """Rows per second one side gained between the first and last per-side counts."""
@@ -77,12 +118,16 @@ class QueryState:
             self.sources = []
             return
         sources = []
+        if self.node_watermarks is not None:
+            nodes = self.node_watermarks.watermarks()
+        else:
+            nodes = reading.nodes if reading is not None else {}
         for node in facts.watermark_nodes:
             indexes = tuple(
                 i
                 for i, description in sorted(self.descriptions.items())
                 if description and description in node.text
-            )
+            ) or tuple(i for i in node.source_positions if i in self.descriptions)
             if indexes:
                 label = ",".join(self.descriptions[i] for i in indexes)
             else:
@@ -94,7 +139,7 @@ class QueryState:
                     source_indexes=indexes,
                     event_time_column=node.event_time_column,
                     delay_seconds=node.delay_seconds,
-                    watermark_at=reading.nodes.get(node.node_id) if reading is not None else None,
+                    watermark_at=nodes.get(node.node_id),
                     idle_batches=min((self.idle.get(i, 0) for i in indexes), default=0),
                 )
             )

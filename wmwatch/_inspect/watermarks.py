@@ -17,9 +17,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from wmwatch._progress import ProgressSnapshot
-from wmwatch._time import EPOCH
+from wmwatch._time import EPOCH, from_epoch_ms, to_epoch_ms
 
 MIN_POLICY = "min"
 MAX_POLICY = "max"
@@ -320,3 +321,89 @@ class WatermarkMonitor:
             "recovered with the late-row audit"
         )
         return Verdict("watermark_jump", action, message, evidence, fix, severity="critical")
+
+
+class ProgressMark(NamedTuple):
+    """What one batch's progress tells about the nodes' watermarks."""
+
+    watermark_ms: int | None
+    max_event_ms: int | None
+    rows_by_source: dict[int, int]
+
+    @classmethod
+    def of(cls, snapshot: ProgressSnapshot) -> ProgressMark:
+        return cls(
+            to_epoch_ms(snapshot.watermark_at) if snapshot.has_watermark else None,
+            to_epoch_ms(snapshot.event_time_max_at),
+            {s.index: s.input_rows or 0 for s in snapshot.sources},
+        )
+
+
+@dataclass
+class NodeWatermarks:
+    """Each ``withWatermark`` node's own watermark, followed from progress alone (Spark
+    Connect: a client cannot read the query's watermark tracker).
+
+    Spark keeps one watermark per node: the highest ``max event time - delay`` of the rows that
+    reached it. A batch's ``eventTime`` describes the first node (plan order) that saw rows, so
+    that node's value is exact; another node that saw rows in the same batch is then known only
+    as a lower bound. The global watermark gives the rest: once it has moved in this run it is
+    the policy's pick over the nodes (``min``: the lowest; a node without rows counts as 0), so a
+    single node not known exactly, with every known node above (``min``) or below (``max``) the
+    global value, has exactly that value. Only exact values are reported; the others are None.
+    """
+
+    order: tuple[str, ...]  # node ids in plan order
+    delays_ms: dict[str, int]
+    sources: dict[str, tuple[int, ...]]  # the source indexes under each node
+    policy: str = MIN_POLICY
+    values_ms: dict[str, int] = field(default_factory=dict)
+    exact: set[str] = field(default_factory=set)
+    seen: set[str] = field(default_factory=set)  # nodes that saw rows in this run
+    global_ms: int | None = None
+    global_moved: bool = False
+
+    def observe(
+        self, watermark_ms: int | None, max_event_ms: int | None, rows_by_source: dict[int, int]
+    ) -> None:
+        """One batch's progress: its watermark (the global one after the batch before), its
+        ``eventTime.max`` and the rows each source read."""
+        if watermark_ms is not None:
+            if self.global_ms is not None and watermark_ms > self.global_ms:
+                self.global_moved = True
+            self.global_ms = max(watermark_ms, self.global_ms or watermark_ms)
+            if self.global_moved:
+                self._infer_from_global(self.global_ms)
+        with_rows = [
+            n for n in self.order if any(rows_by_source.get(i, 0) > 0 for i in self.sources[n])
+        ]
+        if not with_rows or max_event_ms is None:
+            return
+        first, *others = with_rows
+        value = max_event_ms - self.delays_ms.get(first, 0)
+        if first not in self.seen:
+            self.exact.add(first)  # the first rows this node saw in the run
+        if value > self.values_ms.get(first, value - 1):
+            self.values_ms[first] = value
+        for node in others:  # it saw rows, but how late they were is not reported
+            self.exact.discard(node)
+        self.seen.update(with_rows)
+
+    def _infer_from_global(self, global_ms: int) -> None:
+        unknown = [n for n in self.order if n not in self.exact]
+        known = [self.values_ms[n] for n in self.order if n in self.exact]
+        if len(unknown) != 1:
+            return
+        if self.policy.lower() == MIN_POLICY:
+            pinned = all(v > global_ms for v in known)
+        else:
+            pinned = all(v < global_ms for v in known)
+        if pinned:
+            self.values_ms[unknown[0]] = global_ms
+            self.exact.add(unknown[0])
+
+    def watermarks(self) -> dict[str, datetime | None]:
+        """Each node's watermark where it is known exactly."""
+        return {
+            n: from_epoch_ms(self.values_ms[n]) if n in self.exact else None for n in self.order
+        }
