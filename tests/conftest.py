@@ -31,12 +31,30 @@ def _java_available() -> bool:
         return False
 
 
+# ``WMWATCH_TEST_SPARK=connect`` runs the Spark tests it selects on a Spark Connect session to a
+# real server process instead (a process is either a Connect client or classic PySpark, never
+# both: pyspark's functions follow the mode of the process)
+CONNECT = os.environ.get("WMWATCH_TEST_SPARK") == "connect"
+
+
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """The run's one local SparkSession (FAIR scheduler so audit pools can yield)."""
     if not _java_available():
         pytest.fail("Java 17 is required for the Spark tests: install openjdk-17-jre-headless")
     from pyspark.sql import SparkSession
+
+    if CONNECT:
+        from tests.connect_server import connect_server
+
+        with connect_server(tmp_path_factory.mktemp("connect-server")) as url:
+            remote = SparkSession.builder.remote(url).getOrCreate()
+            yield remote
+            for query in remote.streams.active:
+                with contextlib.suppress(Exception):  # best effort at teardown
+                    query.stop()
+            remote.stop()
+        return
 
     session = (
         SparkSession.builder.master("local[2]")

@@ -273,3 +273,41 @@ def test_session_rule_judges_the_session_end() -> None:
     assert not is_late(25 * S + 1, 30_000, spec)
     assert not batch_may_have_late_rows(spec, 30_000, 25_001)
     assert batch_may_have_late_rows(spec, 30_000, 25_000)
+
+
+def test_plan_relations_are_the_streaming_leaves_not_the_nodes_above_them() -> None:
+    facts = parse_plan(plan("tumbling"))
+    (only,) = facts.inputs
+    assert only.relation.startswith("StreamingRelation FileSource[")
+    assert facts.spec == OperatorSpec(WINDOW, "ts", 10 * S, 10 * S, 10 * S, 0)
+
+
+def test_spark_connect_explain_text_gives_the_same_rules() -> None:
+    """A Connect client sees only the last batch's plans: each source stands as the lowest
+    streaming ("~") node above that batch's data, in source order."""
+    from wmwatch._audit.connect import ConnectQuery
+
+    class Explained:  # what a Connect StreamingQuery answers, recorded from a real server
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def _execute_streaming_query_cmd(self, cmd: object) -> object:
+            return type("R", (), {"explain": type("E", (), {"result": self.text})()})()
+
+    window = ConnectQuery(Explained(plan("connect_tumbling_explain")))
+    assert window.planned()
+    assert window.checkpoint_root() == "file:/data/checkpoints/clicks"
+    assert not window.complete_mode()
+    facts = parse_plan(window.plan_text)
+    (only,) = facts.inputs
+    assert only.relation.startswith("~Project [id#")  # the batch's data for source 0
+    assert facts.spec == OperatorSpec(WINDOW, "ts", 10 * S, 10 * S, 10 * S, 0)
+
+    join = ConnectQuery(Explained(plan("connect_join_explain")))
+    assert join.planned() and join.checkpoint_root() == "file:/data/checkpoints/joined"
+    left, right = parse_plan(join.plan_text).inputs
+    assert (left.source_index, right.source_index) == (0, 1)
+    assert left.spec is not None and right.spec is not None
+    assert (left.spec.kind, left.spec.side, left.spec.event_time_column) == (JOIN, "left", "ts")
+    assert (right.spec.side, right.spec.event_time_column) == ("right", "ts2")
+    assert left.join_keys == ("k",) and right.join_keys == ("k",)

@@ -14,9 +14,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
+
+from tests.connect_server import connect_server
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -28,18 +31,34 @@ RSS_GROWTH_BOUND_BYTES = 512 * 1024 * 1024
 SCRIPT = Path(__file__).parent / "scripts" / "late_storm.py"
 
 
-def test_two_million_late_rows_in_one_batch(tmp_path: Path) -> None:
+def run_storm(tmp_path: Path, rows: int, *extra: str) -> dict[str, Any]:
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(Path.cwd())}
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path), str(ROWS), "--parquet"],
+        [sys.executable, str(SCRIPT), str(tmp_path), str(rows), "--parquet", *extra],
         capture_output=True,
         text=True,
         timeout=1800,
         env=env,
     )
     assert run.returncode == 0, run.stderr[-4000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    return result
 
+
+def test_two_million_late_rows_in_one_batch(tmp_path: Path) -> None:
+    check_storm(run_storm(tmp_path, ROWS), tmp_path, ROWS)
+
+
+def test_late_row_storm_on_spark_connect(tmp_path: Path) -> None:
+    """The same on a Spark Connect server: the rows come to the client chunk by chunk."""
+    rows = 400_000
+    with connect_server(tmp_path / "server") as url:
+        result = run_storm(tmp_path / "run", rows, "--remote", url)
+    check_storm(result, tmp_path / "run", rows)
+
+
+def check_storm(result: dict[str, Any], tmp_path: Path, rows: int) -> None:
     # the job survived and went on
     assert result["query_alive"] and result["context_alive"], result
     assert len(result["batches_after_storm"]) >= 2, result
@@ -49,9 +68,9 @@ def test_two_million_late_rows_in_one_batch(tmp_path: Path) -> None:
 
     status = result["status"]
     assert status["errors"] == 0, status
-    assert status["late_rows"] == ROWS
+    assert status["late_rows"] == rows
     assert status["batches_over_cap"] == 1
-    assert status["late_rows_over_cap"] == ROWS - CAP
+    assert status["late_rows_over_cap"] == rows - CAP
 
     db = tmp_path / "history.duckdb"
     with duckdb.connect(str(db), read_only=True) as con:
@@ -77,9 +96,9 @@ def test_two_million_late_rows_in_one_batch(tmp_path: Path) -> None:
             "FROM read_parquet(? || '/*.parquet')",
             [mark[3]],
         ).fetchone()
-    assert kept == (CAP, CAP, kept[2], kept[3]) and kept[2] >= 0 and kept[3] < ROWS
-    assert mark[:3] == (ROWS, CAP, ROWS - CAP)
-    assert overflow == (ROWS, ROWS)  # every late row, each exactly once
+    assert kept == (CAP, CAP, kept[2], kept[3]) and kept[2] >= 0 and kept[3] < rows
+    assert mark[:3] == (rows, CAP, rows - CAP)
+    assert overflow == (rows, rows)  # every late row, each exactly once
     assert pending == (0,) and other == (0,)
 
     growth = result["rss_peak_bytes"] - result["rss_baseline_bytes"]

@@ -88,6 +88,7 @@ def main() -> int:
     parser.add_argument("rows", type=int)
     parser.add_argument("--parquet", action="store_true", help="keep every row in Parquet too")
     parser.add_argument("--cap", type=int, default=None, help="max_rows_per_batch")
+    parser.add_argument("--remote", default=None, help="a Spark Connect server's sc:// URL")
     args = parser.parse_args()
     folder: Path = args.folder
     incoming = folder / "in"
@@ -100,17 +101,21 @@ def main() -> int:
 
     import wmwatch
 
-    # Spark's defaults (driver memory included) but for a small number of shuffle partitions
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("wmwatch-late-storm")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    if args.remote:
+        # a Spark Connect client: the query runs in the server; this process holds the audit
+        spark = SparkSession.builder.remote(args.remote).getOrCreate()
+    else:
+        # Spark's defaults (driver memory included) but for a small number of shuffle partitions
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .appName("wmwatch-late-storm")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.session.timeZone", "UTC")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
     ahead = T0 + timedelta(days=3)
     write_file(incoming, "f0.json", [json.dumps({"id": -1, "t": iso(T0), "s": "first"})])
     write_file(incoming, "f1.json", [json.dumps({"id": -2, "t": iso(ahead), "s": "ahead"})])
@@ -157,7 +162,8 @@ def main() -> int:
     after = [
         p["batchId"]
         for p in query.recentProgress
-        if p["batchId"] > storm_batch and p["numInputRows"]
+        # the attribute: a Spark Connect client's progress has no numInputRows key
+        if p["batchId"] > storm_batch and p.numInputRows
     ]
     dropped = sum(
         op.get("numRowsDroppedByWatermark", 0)
@@ -167,7 +173,10 @@ def main() -> int:
     audit.sync(120)
     status = audit.status()
     alive = query.isActive and query.exception() is None
-    context_alive = not spark.sparkContext._jsc.sc().isStopped()
+    if args.remote:
+        context_alive = spark.range(3).count() == 3
+    else:
+        context_alive = not spark.sparkContext._jsc.sc().isStopped()
     watch.flush(60)
     query.stop()
     watch.close()

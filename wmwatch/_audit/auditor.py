@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +45,10 @@ from wmwatch._audit.checkpoint import (
     min_batches_to_retain,
 )
 from wmwatch._audit.predicates import OperatorSpec, batch_may_have_late_rows
-from wmwatch._audit.replay import Replayer
+from wmwatch._audit.replay import Replayer, ReplayInput
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows, LateRow
+from wmwatch._core.sessions import is_connect
+from wmwatch._errors import AuditError
 
 log = logging.getLogger("wmwatch.audit")
 
@@ -95,6 +97,15 @@ class _Counters:
     yield_seconds: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """What the audit learns from the query's plan: where its checkpoint is, what to replay."""
+
+    checkpoint: CheckpointReader
+    inputs: Sequence[ReplayInput]
+    progress_min_covers_inputs: bool
+
+
 class Auditor:
     """The audit of one query run: its committed batches, audited in order on its own thread."""
 
@@ -105,19 +116,26 @@ class Auditor:
         query_name: str | None,
         label: str,
         run_id: str | None,
-        checkpoint: CheckpointReader,
+        checkpoint: CheckpointReader | None,
         sink: str,
         replayer: Replayer,
         history: AuditHistory | None,
         poll_interval_seconds: float,
         progress_min_covers_inputs: bool = True,
+        resolve: Callable[[], Resolved | None] | None = None,
     ) -> None:
         self.query_id = query_id
         self.query_name = query_name
         self.label = label
         # the run whose batches this audit follows: its end ends the audit
         self.run_id = run_id
-        self.checkpoint = checkpoint
+        # what only the query's first planned batch tells (Spark Connect): until then, resolve()
+        # gives None, and the audit waits
+        self.resolve = resolve if checkpoint is None else None
+        self._resolved = threading.Event()
+        if checkpoint is not None:
+            self._resolved.set()
+        self.checkpoint: CheckpointReader = checkpoint  # type: ignore[assignment]
         self.sink = sink
         self.replayer = replayer
         self.history = history
@@ -146,9 +164,10 @@ class Auditor:
     # -- hooks (any thread) ----------------------------------------------------------------------
 
     @property
-    def spec(self) -> OperatorSpec:
-        """The rule of the first replayed input (the only one for a single-source query)."""
-        return self.replayer.inputs[0].spec
+    def spec(self) -> OperatorSpec | None:
+        """The rule of the first replayed input (the only one for a single-source query); None
+        until the query's plan is known."""
+        return self.replayer.inputs[0].spec if self.replayer.inputs else None
 
     def note_progress(
         self, batch_id: int, min_event_time_ms: int | None, run_id: str | None, *, has_rows: bool
@@ -228,6 +247,10 @@ class Auditor:
 
     def sync(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
+        self._wake.set()
+        while not self._resolved.wait(0.1):
+            if time.monotonic() > deadline or self._thread is None or not self._thread.is_alive():
+                return False
         target = self._pending_target()
         self._wake.set()
         with self._audited_cond:
@@ -267,8 +290,9 @@ class Auditor:
             return {
                 "query_id": self.query_id,
                 "query": self.label,
-                "operator_kind": self.spec.kind,
-                "event_time_column": self.spec.event_time_column,
+                "operator_kind": self.spec.kind if self.spec else None,
+                "event_time_column": self.spec.event_time_column if self.spec else None,
+                "plan_known": self._resolved.is_set(),
                 "inputs": [
                     {
                         "source_index": item.source.source_index,
@@ -317,6 +341,12 @@ class Auditor:
         while not self._stop.is_set():
             try:
                 pass_started = time.monotonic()
+                if not self._ready():
+                    if self._finishing():
+                        break  # the run stopped before it planned a batch: nothing to audit
+                    self._wake.wait(self.poll_interval_seconds)
+                    self._wake.clear()
+                    continue
                 caught_up = self._audit_pending()
                 failures = 0
                 if caught_up and self._finished(pass_started):
@@ -339,6 +369,31 @@ class Auditor:
             self._wake.wait(self.poll_interval_seconds)
             self._wake.clear()
         self._ended()
+
+    def _ready(self) -> bool:
+        """Whether the query's plan is known, taking it the first time it is. A plan that
+        cannot be audited ends the audit (there is nothing to retry), with the reason in
+        ``status()`` and the log."""
+        if self.resolve is None:
+            return True
+        try:
+            resolved = self.resolve()
+        except AuditError as exc:
+            with self._lock:
+                self._counters.errors += 1
+                self._counters.last_error = f"{type(exc).__name__}: {str(exc)[:500]}"
+            log.error("wmwatch: cannot audit %s: %s", self.label, exc)
+            self._stop.set()
+            return False
+        if resolved is None:
+            return False
+        self.checkpoint = resolved.checkpoint
+        self.replayer.inputs = tuple(resolved.inputs)
+        self.progress_min_covers_inputs = resolved.progress_min_covers_inputs
+        self.resolve = None
+        self._resolved.set()
+        log.info("wmwatch: audit of %s: the query's plan is known, auditing", self.label)
+        return True
 
     def _audit_pending(self) -> bool:
         """Audit committed batches in order; True when every one of them is done."""
@@ -511,8 +566,8 @@ class Auditor:
         """A Spark job runs, or a streaming query of the session is in a trigger or has data
         waiting (between its jobs a busy query runs none, so jobs alone would look idle)."""
         spark = self.replayer.spark
-        if spark.sparkContext.statusTracker().getActiveJobsIds():
-            return True
+        if not is_connect(spark) and spark.sparkContext.statusTracker().getActiveJobsIds():
+            return True  # a Spark Connect client sees no jobs, only its queries' status
         for query in spark.streams.active:
             status = query.status
             if status.get("isTriggerActive") or status.get("isDataAvailable"):
@@ -537,7 +592,7 @@ class Auditor:
             while self._application_busy() and time.monotonic() < deadline:
                 if self._stop.wait(_YIELD_POLL_SECONDS):
                     break
-        except Exception:  # noqa: BLE001 - no job status (Spark Connect): replay right away
+        except Exception:  # noqa: BLE001 - no status to wait on: replay right away
             return
         finally:
             with self._lock:

@@ -26,7 +26,7 @@ from wmwatch._audit.predicates import (
     override_spec,
 )
 from wmwatch._errors import AuditError
-from wmwatch._plantext import PlanNode, parse_plan_tree
+from wmwatch._plantext import PlanNode, parse_plan_tree, streaming_relations
 from wmwatch._time import parse_duration_us
 
 _WATERMARK_NODE = re.compile(
@@ -101,13 +101,16 @@ class ReplayPlan:
         return audited[0].spec if audited else None
 
 
-def _relation_path(root: PlanNode) -> list[list[tuple[PlanNode, int]]]:
+def _relation_path(
+    root: PlanNode, relations: list[PlanNode]
+) -> list[list[tuple[PlanNode, int]]]:
     """For every streaming relation (pre-order): its ancestors, nearest first, each with the
     index of the child the path goes through."""
     paths: list[list[tuple[PlanNode, int]]] = []
+    wanted = {id(r) for r in relations}
 
     def walk(node: PlanNode, ancestors: list[tuple[PlanNode, int]]) -> None:
-        if node.name.startswith("Streaming") and not node.children:
+        if id(node) in wanted:
             paths.append(list(reversed(ancestors)))
             return
         for index, child in enumerate(node.children):
@@ -271,8 +274,9 @@ def parse_plan(plan_text: str) -> ReplayPlan:
         except ValueError:
             delay_us = None
     inputs: list[PlanInput] = []
+    relations = streaming_relations(roots)
     for root in roots:
-        for path in _relation_path(root):
+        for path in _relation_path(root, relations):
             relation = path[0][0].children[path[0][1]] if path else root
             inputs.append(_input_of(len(inputs), relation, path, operators))
     problem = None

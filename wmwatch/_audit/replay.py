@@ -13,13 +13,14 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from wmwatch._audit.predicates import SESSION, WINDOW, OperatorSpec
 from wmwatch._audit.sinks import LATE_ROW_COLUMNS, BatchLateRows, InputCount, LateRow
 from wmwatch._audit.source import SOURCE_FILE_COL, BatchSource
+from wmwatch._core.sessions import is_connect
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError, ConfigError
 
@@ -286,7 +287,7 @@ class Replayer:
             if partitions > 1:
                 source = source.repartition(partitions)
             chunk: list[LateRow] = []
-            for row in source.toLocalIterator(prefetchPartitions=False):
+            for row in _partition_by_partition(source, partitions):
                 chunk.append(tuple(row))
                 if len(chunk) >= chunk_rows:
                     staged += stage(batch_id, attempt, chunk)
@@ -393,3 +394,20 @@ def _counts(
         key = (spec.operator_index, spec.kind, spec.side, item.source.source_index)
         out.append(InputCount(key[0], key[1], key[2], key[3], counted.get(key, 0)))
     return tuple(out)
+
+
+def _partition_by_partition(frame: Any, partitions: int) -> Iterator[Any]:
+    """The rows of ``frame``, fetched one partition at a time.
+
+    Classic PySpark's ``toLocalIterator`` runs one job per partition. A Spark Connect client's
+    streams the whole result at once, so there the rows are first held by the executors
+    (``localCheckpoint``) and then fetched partition by partition, each its own small job.
+    """
+    if not is_connect(frame):
+        yield from frame.toLocalIterator(prefetchPartitions=False)
+        return
+    from pyspark.sql import functions as F
+
+    held = frame.localCheckpoint(eager=True)
+    for partition in range(max(1, partitions)):
+        yield from held.where(F.spark_partition_id() == partition).collect()

@@ -151,20 +151,24 @@ def file_source_of(spark: Any, events: Any, *, has_prepare: bool) -> FileSourceS
     if not paths and "path" in options:
         paths = (options["path"],)
     if not has_prepare:
-        extra = [
+        require_prepare(
             n.nodeName()
             for n in nodes
             if n.nodeName() not in ("EventTimeWatermark", "StreamingRelation")
-        ]
-        if extra:
-            raise AuditError(
-                f"events transforms the source ({', '.join(dict.fromkeys(extra))}); pass "
-                "prepare=, a function that turns the raw source DataFrame into events, so "
-                "batches can be replayed."
-            )
+        )
     return FileSourceSpec(
         format=short, schema_json=str(relation.schema().json()), options=options, paths=paths
     )
+
+
+def require_prepare(transformations: Iterable[str]) -> None:
+    """Refuse events that do more to the source than ``withWatermark`` without ``prepare=``."""
+    extra = list(dict.fromkeys(transformations))
+    if extra:
+        raise AuditError(
+            f"events transforms the source ({', '.join(extra)}); pass prepare=, a function "
+            "that turns the raw source DataFrame into events, so batches can be replayed."
+        )
 
 
 def source_indexes(plan_text: str, source: FileSourceSpec) -> list[int]:

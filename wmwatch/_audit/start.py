@@ -10,23 +10,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from wmwatch._audit.auditor import Auditor
+from wmwatch._audit import connect
+from wmwatch._audit.auditor import Auditor, Resolved
 from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root
 from wmwatch._audit.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
 from wmwatch._audit.predicates import JOIN, OperatorSpec
-from wmwatch._audit.pysource import PythonBatchSource, is_python_source, python_source_of
+from wmwatch._audit.pysource import (
+    PythonBatchSource,
+    PythonSourceSpec,
+    is_python_source,
+    python_source_of,
+)
 from wmwatch._audit.replay import Replayer, ReplayInput
 from wmwatch._audit.sinks import AuditHistory
 from wmwatch._audit.source import (
     BatchSource,
     FileBatchSource,
+    FileSourceSpec,
     file_source_of,
     relation_of,
     relation_position,
     source_indexes,
 )
 from wmwatch._core.plugins import WatchContext
+from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError, ConfigError
 from wmwatch._progress import query_label
 
@@ -34,6 +42,9 @@ SINKS = ("duckdb", "parquet")
 DEFAULT_MAX_ROWS_PER_BATCH = 100_000
 DEFAULT_MAX_ROW_BYTES = 16 * 1024
 DEFAULT_JOB_TIMEOUT_SECONDS = 900.0
+_COMPLETE_MODE = (
+    "a query in complete output mode keeps every window and drops no late rows; nothing to audit."
+)
 
 
 class AuditHandle:
@@ -47,7 +58,9 @@ class AuditHandle:
         return self._auditor.query_id
 
     @property
-    def spec(self) -> OperatorSpec:
+    def spec(self) -> OperatorSpec | None:
+        """The rule of the first audited input; None on Spark Connect until the query has
+        planned a batch."""
         return self._auditor.spec
 
     def status(self) -> dict[str, Any]:
@@ -94,17 +107,43 @@ def _source_of(
 ) -> tuple[list[int], Callable[[int], BatchSource], str]:
     """Where the source ``frame`` reads sits in the query (candidate source indexes), how to
     read it again given its index, and a name for messages."""
+    if isinstance(query_plan, connect.ConnectQuery):
+        return _connect_source_of(frame, query_plan)
     relation = relation_of(frame)
     positions = relation_position(query_plan, relation) if query_plan is not None else []
     if is_python_source(relation):
         spec = python_source_of(spark, relation)
-        return positions, lambda index: PythonBatchSource(spec, index), f"source {spec.name!r}"
+        return positions, _python_source_at(spec), f"source {spec.name!r}"
     files = file_source_of(spark, frame, has_prepare=prepare is not None)
     return (
         positions or source_indexes(plan_text, files),
-        lambda index: FileBatchSource(replace(files, source_index=index)),
+        _file_source_at(files),
         ", ".join(files.paths),
     )
+
+
+def _file_source_at(files: FileSourceSpec) -> Callable[[int], BatchSource]:
+    return lambda index: FileBatchSource(replace(files, source_index=index))
+
+
+def _python_source_at(spec: PythonSourceSpec) -> Callable[[int], BatchSource]:
+    return lambda index: PythonBatchSource(spec, index)
+
+
+def _connect_source_of(
+    frame: Any, query: connect.ConnectQuery
+) -> tuple[list[int], Callable[[int], BatchSource], str]:
+    """Spark Connect: the source read off the client's plan objects when the audit started, its
+    position from the progress's source descriptions (a query with one source needs none)."""
+    spec = query.sources[id(frame)]
+    descriptions = query.source_descriptions()
+    if isinstance(spec, FileSourceSpec):
+        positions = connect.file_positions(descriptions, spec)
+        if not positions and len(descriptions) <= 1:
+            positions = [0]
+        return positions, _file_source_at(spec), ", ".join(spec.paths)
+    positions = [i for i, d in enumerate(descriptions) if not d.startswith("FileStreamSource[")]
+    return positions or [0], _python_source_at(spec), f"source {spec.name!r}"
 
 
 def _replay_inputs(
@@ -163,6 +202,58 @@ def _replay_inputs(
     return inputs
 
 
+def _classic_plan(query: Any, checkpoint: str | os.PathLike[str] | None) -> tuple[Any, str]:
+    """Classic PySpark: the query's analysed plan (JVM) and its checkpoint root."""
+    jsq_wrapper = getattr(query, "_jsq", None)
+    if jsq_wrapper is None:
+        raise AuditError(
+            "the query has no JVM handle; pass the StreamingQuery that start() returned in "
+            "this session."
+        )
+    engine = jsq_wrapper.streamingQuery()
+    try:
+        query_plan = engine.analyzedPlan()
+    except Exception:
+        query_plan = engine.logicalPlan()
+    try:
+        complete = str(engine.outputMode().toString()).lower() == "complete"
+    except Exception:
+        complete = False
+    if complete:
+        raise AuditError(_COMPLETE_MODE)
+    root = str(checkpoint) if checkpoint is not None else str(engine.resolvedCheckpointRoot())
+    return query_plan, root
+
+
+def _connect_resolver(
+    spark: Any,
+    query: Any,
+    frames: list[Any],
+    prepares: list[Callable[[Any], Any] | None],
+    checkpoint: str | os.PathLike[str] | None,
+    timeout_seconds: float,
+    resolved: Callable[[Any, str, CheckpointReader], Resolved],
+) -> Callable[[], Resolved | None]:
+    """Spark Connect: the sources are read off the events DataFrames now (their errors raise
+    here); the plan, the checkpoint root and the sources' positions once the query has planned
+    a batch. The checkpoint is read through the server, which sees its filesystem; the client
+    may not, or may see another folder at the same path."""
+    known = connect.ConnectQuery(query)
+    for frame, prepare in zip(frames, prepares, strict=True):
+        known.sources[id(frame)] = connect.source_of(frame, has_prepare=prepare is not None)
+    files = connect.SessionFileSystem(spark, timeout_seconds=timeout_seconds)
+
+    def resolve() -> Resolved | None:
+        if not known.planned():
+            return None
+        if known.complete_mode():
+            raise AuditError(_COMPLETE_MODE)
+        root = str(checkpoint) if checkpoint is not None else known.checkpoint_root()
+        return resolved(known, known.plan_text, CheckpointReader(root, files))
+
+    return resolve
+
+
 def start_audit(
     watch: WatchContext,
     query: Any,
@@ -197,6 +288,10 @@ def start_audit(
     keyword arguments override them. ``sink="parquet"`` writes each batch's late rows with Spark
     under ``parquet_path`` instead of collecting them into DuckDB.
 
+    On Spark Connect the audit works the same through the session; a query that has not
+    planned a batch yet is read once it has (``status()["plan_known"]``), and a plan that cannot
+    be audited then ends the audit with the reason in ``status()["last_error"]``.
+
     Bounds: at most ``max_rows_per_batch`` late rows of one batch are kept in DuckDB (the rest
     are counted, and written to Parquet when ``parquet_path`` is given with the DuckDB sink);
     ``row_data`` longer than ``max_row_bytes`` is kept as its size and SHA-256; every Spark job
@@ -230,27 +325,6 @@ def start_audit(
             "one such function (or None) per events DataFrame."
         )
     spark = watch.spark
-    jsq_wrapper = getattr(query, "_jsq", None)
-    if jsq_wrapper is None:
-        raise AuditError(
-            "the query has no JVM handle (Spark Connect?); the audit needs the driver JVM to read "
-            "plans and checkpoints, so run watch.audit() in the driver process."
-        )
-    engine = jsq_wrapper.streamingQuery()
-    try:
-        query_plan = engine.analyzedPlan()
-    except Exception:
-        query_plan = engine.logicalPlan()
-    plan_text = str(query_plan.toString())
-    try:
-        output_mode = str(engine.outputMode().toString())
-    except Exception:
-        output_mode = None
-    if output_mode and output_mode.lower() == "complete":
-        raise AuditError(
-            "a query in complete output mode keeps every window and drops no late rows; "
-            "nothing to audit."
-        )
     allow_multiple = str(
         spark.conf.get("spark.sql.streaming.statefulOperator.allowMultiple", "true")
     ).lower()
@@ -260,21 +334,35 @@ def start_audit(
             "spark.sql.streaming.statefulOperator.allowMultiple=false changes which watermark "
             "drops late rows and is not supported by the audit; leave it at its default (true)."
         )
-    plan = apply_overrides(
-        parse_plan(plan_text),
-        kind=kind,
-        event_time=event_time,
-        delay=delay,
-        window=window,
-        slide=slide,
-    )
-    inputs = _replay_inputs(spark, plan, plan_text, query_plan, frames, prepares)
-    root = str(checkpoint) if checkpoint is not None else str(engine.resolvedCheckpointRoot())
-    fs = None if local_root(root) is not None else HadoopFileSystem(spark, root)
-    reader = CheckpointReader(root, fs)
     unknown = [c for c in hash_columns if columns is not None and c not in columns]
     if unknown:
         raise ConfigError(f"hash_columns {unknown} are not in columns=; add them or drop them.")
+
+    def resolved(query_plan: Any, plan_text: str, reader: CheckpointReader) -> Resolved:
+        plan = apply_overrides(
+            parse_plan(plan_text),
+            kind=kind,
+            event_time=event_time,
+            delay=delay,
+            window=window,
+            slide=slide,
+        )
+        inputs = _replay_inputs(spark, plan, plan_text, query_plan, frames, prepares)
+        return Resolved(reader, inputs, progress_min_covers_inputs=plan.watermark_nodes <= 1)
+
+    resolve: Callable[[], Resolved | None] | None = None
+    if is_connect(spark):
+        resolve = _connect_resolver(
+            spark, query, frames, prepares, checkpoint, job_timeout_seconds, resolved
+        )
+        now = resolve()
+        # a query that has not planned a batch yet is resolved by the audit's thread once it
+        # has; until then the audit waits and status() says plan_known=False
+        resolve = resolve if now is None else None
+    else:
+        query_plan, root = _classic_plan(query, checkpoint)
+        fs = None if local_root(root) is not None else HadoopFileSystem(spark, root)
+        now = resolved(query_plan, str(query_plan.toString()), CheckpointReader(root, fs))
     query_id, query_name = str(query.id), query.name
     label = query_label(query_name, query_id)
     replayer = Replayer(
@@ -282,7 +370,7 @@ def start_audit(
         query_id=query_id,
         query_name=query_name,
         label=label,
-        inputs=inputs,
+        inputs=now.inputs if now is not None else (),
         columns=columns,
         hash_columns=hash_columns,
         parquet_path=str(parquet_path) if parquet_path is not None else None,
@@ -296,14 +384,15 @@ def start_audit(
         query_name=query_name,
         label=label,
         run_id=str(query.runId),
-        checkpoint=reader,
+        checkpoint=now.checkpoint if now is not None else None,
         sink=sink,
         replayer=replayer,
         history=(
             AuditHistory(store, query_id=query_id, label=label) if store is not None else None
         ),
         poll_interval_seconds=poll_interval_seconds,
-        progress_min_covers_inputs=plan.watermark_nodes <= 1,
+        progress_min_covers_inputs=now.progress_min_covers_inputs if now is not None else True,
+        resolve=resolve,
     )
     audit_plugin(watch).add(auditor)
     auditor.start()

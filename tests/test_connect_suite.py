@@ -1,0 +1,71 @@
+"""The audit's exactness tests and the per-input watermark test, again on Spark Connect.
+
+A process is either a Spark Connect client or classic PySpark (pyspark's functions follow the
+mode of the process), so these run in a pytest of their own with ``WMWATCH_TEST_SPARK=connect``:
+its ``spark`` fixture starts a real Spark Connect server process
+(``sbin/start-connect-server.sh``) and connects to it over loopback. The same data and the same
+balance checks then run through the server: the audit reads the checkpoint through the session,
+takes the plan from the query's explain text and its sources' positions from progress, and
+fetches late rows over gRPC; the watch follows each input's watermark from progress alone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+ROOT = Path(__file__).parents[1]
+CONNECT_TESTS = (
+    # windows: the audit starts before the first batch (each) and after it (bulk)
+    "tests/test_audit_spark.py::test_tumbling_window_conservation[each]",
+    "tests/test_audit_spark.py::test_tumbling_window_conservation[bulk]",
+    "tests/test_audit_spark.py::test_sliding_window_conservation[bulk]",
+    "tests/test_audit_spark.py::test_drop_duplicates_with_event_time_conservation[each]",
+    "tests/test_audit_spark.py::test_drop_duplicates_within_watermark_conservation[bulk]",
+    # several inputs: each matched to its source through progress
+    "tests/test_audit_join_spark.py::test_join_sides_balance[inner-bulk]",
+    "tests/test_audit_join_spark.py::test_join_sides_balance[leftOuter-each]",
+    "tests/test_audit_join_spark.py::test_union_of_two_sources_balances[each-min]",
+    # a Python data source: its class is found in the client, its reader runs on the server
+    "tests/test_audit_pysource.py::test_audit_of_a_python_source_balances[23]",
+    "tests/test_watermarks_spark.py::test_idle_input_named_as_holding_the_watermark_back",
+)
+
+
+def test_exactness_tests_pass_on_a_spark_connect_server(tmp_path: Path) -> None:
+    junit = tmp_path / "connect.xml"
+    env = {**os.environ, "WMWATCH_TEST_SPARK": "connect"}
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={junit}",
+            f"--basetemp={tmp_path / 'tmp'}",
+            *CONNECT_TESTS,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert junit.exists(), run.stdout[-3000:] + run.stderr[-3000:]
+    outcomes: dict[str, str] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        failed = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+        outcomes[name] = failed[0] if failed else "passed"
+    assert outcomes == dict.fromkeys(CONNECT_TESTS, "passed"), run.stdout[-6000:]
+    assert run.returncode == 0, run.stdout[-3000:]

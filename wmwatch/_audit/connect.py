@@ -1,0 +1,296 @@
+"""The audit on Spark Connect: what a Connect client can learn about a query, its sources and
+its checkpoint, all through the session.
+
+A Connect client has no JVM: the query's plan is its ``explain(True)`` text (the last batch's
+plans, whose leaves stand in the order of the query's sources), the checkpoint's root is named in
+its stateful operators' ``state info``, each source's position comes from the progress's source
+descriptions, and the events DataFrame's source (format, options, paths) is read off the client's
+own plan objects. The checkpoint lives where the server sees it, which the client may not, so
+:class:`SessionFileSystem` lists it through a file index (no Spark job) and reads its small
+files with one bounded Spark job each, caching what never changes.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+from wmwatch._audit.checkpoint import normalise_path
+from wmwatch._audit.pysource import PythonSourceSpec
+from wmwatch._audit.source import (
+    _FORMATS_BY_CLASS,
+    SUPPORTED_FORMATS,
+    FileSourceSpec,
+    require_prepare,
+)
+from wmwatch._core.spark_jobs import bounded_job
+from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
+from wmwatch._plantext import explain_text
+
+_ANALYZED = "== Analyzed Logical Plan =="
+_OPTIMIZED = "== Optimized Logical Plan =="
+_STATE_CHECKPOINT = re.compile(r"state info \[ checkpoint = (\S+?)/state,")
+_COMPLETE_MODE = re.compile(r"StateStoreSave\b[^\n]*\bComplete\b")
+_FILE_SOURCE = re.compile(r"^FileStreamSource\[(.*)\]$")
+# a checkpoint's small files that never change once written (offsets and the sources log)
+_IMMUTABLE = re.compile(r"/(offsets|sources/\d+)/\d+(\.compact)?$")
+_CACHE_ENTRIES = 256
+_PROGRESS_WAIT_SECONDS = 60.0
+
+
+class ConnectQuery:
+    """A Connect query's facts the audit needs, from its explain text and progress. They exist
+    once the query has planned a batch: until then :meth:`planned` is False."""
+
+    def __init__(self, query: Any) -> None:
+        self._query = query
+        self.text = ""
+        self.plan_text = ""
+        # each events DataFrame's source, read off the client's plan (id of the DataFrame)
+        self.sources: dict[int, FileSourceSpec | PythonSourceSpec] = {}
+
+    def planned(self) -> bool:
+        """Whether the query has planned a batch; reads its plans the first time it has."""
+        if self.plan_text:
+            return True
+        text = explain_text(self._query)
+        if text is None or _ANALYZED not in text:
+            return False
+        self.text = text
+        self.plan_text = text.split(_ANALYZED, 1)[1].split(_OPTIMIZED, 1)[0]
+        return True
+
+    def checkpoint_root(self) -> str:
+        """The checkpoint root named in the stateful operators' state info."""
+        match = _STATE_CHECKPOINT.search(self.text)
+        if match is None:
+            raise AuditError(
+                "the query's plan names no state checkpoint; pass checkpoint=, the query's "
+                "checkpointLocation."
+            )
+        return match.group(1)
+
+    def complete_mode(self) -> bool:
+        return bool(_COMPLETE_MODE.search(self.text))
+
+    def source_descriptions(self) -> list[str]:
+        """Each source's progress description, in the order of the checkpoint's sources
+        (waiting, bounded, for the query's first progress)."""
+        deadline = time.monotonic() + _PROGRESS_WAIT_SECONDS
+        progress = self._query.lastProgress
+        while progress is None and time.monotonic() < deadline and self._query.isActive:
+            time.sleep(0.5)
+            progress = self._query.lastProgress
+        if progress is None:
+            return []
+        return [str(s.get("description", "")) for s in progress.get("sources", [])]
+
+
+def file_positions(descriptions: list[str], source: FileSourceSpec) -> list[int]:
+    """The positions of the sources whose progress description names ``source``'s paths."""
+    wanted = {normalise_path(p) for p in source.paths}
+    found = []
+    for index, description in enumerate(descriptions):
+        match = _FILE_SOURCE.match(description)
+        if match and normalise_path(match.group(1)) in wanted:
+            found.append(index)
+    return found
+
+
+def _children(node: Any) -> list[Any]:
+    from pyspark.sql.connect.plan import LogicalPlan
+
+    return [v for v in vars(node).values() if isinstance(v, LogicalPlan)]
+
+
+def _walk(node: Any) -> list[Any]:
+    nodes = [node]
+    for child in _children(node):
+        nodes.extend(_walk(child))
+    return nodes
+
+
+def streaming_relation(events: Any) -> Any:
+    """The one streaming ``DataSource`` node of a Connect events DataFrame's plan."""
+    from pyspark.sql.connect.plan import DataSource
+
+    if not events.isStreaming:
+        raise ConfigError(
+            "events must be the streaming DataFrame the query reads (spark.readStream...)."
+        )
+    relations = [
+        n for n in _walk(events._plan) if isinstance(n, DataSource) and n._is_streaming
+    ]
+    if len(relations) != 1:
+        raise UnsupportedSourceError(
+            f"events reads {len(relations)} streaming sources; pass one streaming DataFrame per "
+            "source (events=[...]), each reading exactly one."
+        )
+    return relations[0]
+
+
+def _relation_schema_json(events: Any, relation: Any) -> str:
+    """The source's own schema, as the server resolves it."""
+    from pyspark.sql.connect.dataframe import DataFrame
+
+    return str(DataFrame(relation, events.sparkSession).schema.json())
+
+
+def is_file_format(relation: Any) -> bool:
+    fmt = (relation._format or "parquet").rsplit(".", 1)[-1].lower()
+    return _FORMATS_BY_CLASS.get(fmt, fmt) in SUPPORTED_FORMATS
+
+
+def file_source_of(events: Any, relation: Any, *, has_prepare: bool) -> FileSourceSpec:
+    """The file source a Connect events DataFrame reads, from the client's plan objects."""
+    from pyspark.sql.connect.plan import DataSource, WithWatermark
+
+    fmt = (relation._format or "parquet").rsplit(".", 1)[-1].lower()
+    short = _FORMATS_BY_CLASS.get(fmt, fmt)
+    options = dict(relation._options or {})
+    clean = options.get("cleanSource", "off").lower()
+    if clean != "off":
+        raise UnsupportedSourceError(
+            f"the file source moves or deletes its files (cleanSource={clean}), so batches cannot "
+            "be read again; turn cleanSource off to audit this query."
+        )
+    paths = tuple(relation._paths or ())
+    if not paths and "path" in options:
+        paths = (options["path"],)
+    if not has_prepare:
+        require_prepare(
+            type(n).__name__
+            for n in _walk(events._plan)
+            if not isinstance(n, (WithWatermark, DataSource))
+        )
+    return FileSourceSpec(
+        format=short,
+        schema_json=_relation_schema_json(events, relation),
+        options=options,
+        paths=paths,
+    )
+
+
+def source_of(events: Any, *, has_prepare: bool) -> FileSourceSpec | PythonSourceSpec:
+    """The source a Connect events DataFrame reads: a file source or a Python data source."""
+    relation = streaming_relation(events)
+    if is_file_format(relation):
+        return file_source_of(events, relation, has_prepare=has_prepare)
+    return python_source_of(events, relation)
+
+
+def _data_source_classes() -> list[Any]:
+    from pyspark.sql.datasource import DataSource
+
+    found: list[Any] = []
+    pending = list(DataSource.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def python_source_of(events: Any, relation: Any) -> PythonSourceSpec:
+    """The Python data source a Connect events DataFrame reads. The server's registry is out
+    of a client's reach, but the class the client registered is defined in this process."""
+    name = str(relation._format)
+    matches = []
+    for cls in _data_source_classes():
+        try:
+            if cls.name() == name:
+                matches.append(cls)
+        except Exception:  # noqa: BLE001, S112 - a class whose name() needs more than the class
+            continue
+    if len(matches) != 1:
+        raise UnsupportedSourceError(
+            f"events reads {name!r}, which is neither a file source "
+            f"({', '.join(SUPPORTED_FORMATS)}) nor a Python data source defined in this process "
+            f"({len(matches)} classes named so); on Spark Connect the audit replays those only."
+        )
+    return PythonSourceSpec(
+        name=name,
+        options=dict(relation._options or {}),
+        schema_json=_relation_schema_json(events, relation),
+        data_source=matches[0],
+    )
+
+
+class SessionFileSystem:
+    """A checkpoint on the filesystem the Spark Connect server sees, read through the session.
+
+    Listing goes through a file index (an analysis request, no Spark job); each small file is
+    read by one Spark job, bounded in time. Offsets and source-log files never change once
+    written, so their text is kept (the last few hundred).
+    """
+
+    def __init__(self, spark: Any, *, timeout_seconds: float) -> None:
+        self._spark = spark
+        self._timeout = timeout_seconds
+        self._cache: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _missing(self, exc: Exception) -> bool:
+        text = str(exc)
+        return "PATH_NOT_FOUND" in text or "does not exist" in text
+
+    def list_names(self, directory: str) -> list[str]:
+        try:
+            files = self._spark.read.format("binaryFile").load(directory).inputFiles()
+        except Exception as exc:
+            if self._missing(exc):
+                return []
+            raise
+        base = normalise_path(directory).rstrip("/")
+        names = []
+        for f in files:
+            parent, _, name = normalise_path(str(f)).rpartition("/")
+            if parent == base:
+                names.append(name)
+        return names
+
+    def read_text(self, path: str) -> str | None:
+        with self._lock:
+            if path in self._cache:
+                self._cache.move_to_end(path)
+                return self._cache[path]
+        try:
+            with bounded_job(
+                self._spark,
+                description=f"wmwatch audit: read {path}",
+                timeout_seconds=self._timeout,
+            ):
+                rows = self._spark.read.text(path, wholetext=True).collect()
+        except Exception as exc:
+            if self._missing(exc):
+                return None
+            raise
+        text = "".join(str(r[0]) for r in rows)
+        if _IMMUTABLE.search(path):
+            with self._lock:
+                self._cache[path] = text
+                while len(self._cache) > _CACHE_ENTRIES:
+                    self._cache.popitem(last=False)
+        return text
+
+    def mtime_seconds(self, path: str) -> float | None:
+        try:
+            with bounded_job(
+                self._spark,
+                description=f"wmwatch audit: stat {path}",
+                timeout_seconds=self._timeout,
+            ):
+                rows = (
+                    self._spark.read.format("binaryFile")
+                    .load(path)
+                    .select("modificationTime")
+                    .collect()
+                )
+        except Exception as exc:
+            if self._missing(exc):
+                return None
+            raise
+        return float(rows[0][0].timestamp()) if rows else None
