@@ -37,6 +37,17 @@ def _java_available() -> bool:
 CONNECT = os.environ.get("WMWATCH_TEST_SPARK") == "connect"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A classic run leaves out the tests only a Spark Connect session can run (deselected, not
+    skipped: ``tests/test_connect_suite.py`` runs them on its server)."""
+    if CONNECT:
+        return
+    kept = [item for item in items if item.get_closest_marker("connect") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """The run's one local SparkSession (FAIR scheduler so audit pools can yield)."""
