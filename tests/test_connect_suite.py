@@ -36,6 +36,11 @@ CONNECT_TESTS = (
     # a Python data source: its class is found in the client, its reader runs on the server
     "tests/test_audit_pysource.py::test_audit_of_a_python_source_balances[23]",
     "tests/test_watermarks_spark.py::test_idle_input_named_as_holding_the_watermark_back",
+    # what only a Connect client does: the stock listener, plan facts from explain text
+    "tests/test_connect.py::test_spark_connect_queries_are_watched_with_the_stock_listener",
+    "tests/test_connect.py::test_connect_join_classified_from_plan_text",
+    # the audit's jobs are interrupted by the server at their deadline
+    "tests/test_spark_jobs.py::test_a_job_past_its_deadline_is_cancelled_and_the_session_goes_on",
 )
 
 
