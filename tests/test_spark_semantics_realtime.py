@@ -7,104 +7,14 @@ old. Rows go in through ``LowLatencyMemoryStream``, Spark's in-memory real-time 
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from tests.realtime import RealTimeRun
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-BASE = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-class RealTimeRun:
-    """A real-time query over a LowLatencyMemoryStream of ``key,seconds`` strings."""
-
-    def __init__(self, spark: Any, tmp: Any) -> None:
-        from pyspark.sql import DataFrame
-
-        jvm = spark._jvm
-        self.jvm = jvm
-        self.spark = spark
-        self.tmp = tmp
-        self.stream = (
-            jvm.org.apache.spark.sql.execution.streaming.sources.LowLatencyMemoryStream.apply(
-                spark._jsparkSession, 1, jvm.org.apache.spark.sql.Encoders.STRING()
-            )
-        )
-        self.frame = DataFrame(self.stream.toDF(), spark)
-        self.name = f"rt_{uuid.uuid4().hex[:12]}"
-        self.query: Any = None
-
-    def events(self) -> Any:
-        from pyspark.sql import functions as F
-
-        parts = F.split("value", ",")
-        seconds = parts.getItem(1).cast("double") + BASE.timestamp()
-        return self.frame.select(
-            parts.getItem(0).alias("k"), F.timestamp_seconds(seconds).alias("ts")
-        ).withWatermark("ts", "10 seconds")
-
-    def start(self, frame: Any) -> None:
-        sink = str(self.tmp / "out.jsonl")
-
-        def append(record: Any) -> None:  # runs on an executor: one JSON line per output row
-            with open(sink, "a") as handle:
-                handle.write(json.dumps(record.asDict(recursive=True), default=str) + "\n")
-
-        self.sink = self.tmp / "out.jsonl"
-        # every stage of a real-time batch runs at once: one source partition and one shuffle
-        # partition fit the two local task slots
-        saved = self.spark.conf.get("spark.sql.shuffle.partitions")
-        self.spark.conf.set("spark.sql.shuffle.partitions", "1")
-        try:
-            self._start(frame, append)
-        finally:
-            self.spark.conf.set("spark.sql.shuffle.partitions", saved)
-
-    def _start(self, frame: Any, append: Any) -> None:
-        self.query = (
-            frame.writeStream.foreach(append)
-            .queryName(self.name)
-            .outputMode("update")
-            .trigger(realTime="5 seconds")
-            .option("checkpointLocation", str(self.tmp / "checkpoint"))
-            .start()
-        )
-
-    def add(self, *values: str) -> None:
-        java_list = self.jvm.java.util.ArrayList()
-        for value in values:
-            java_list.add(value)
-        self.stream.addData(self.jvm.scala.jdk.javaapi.CollectionConverters.asScala(java_list))
-
-    def progress(self) -> list[dict[str, Any]]:
-        return [json.loads(p.json()) for p in self.query._jsq.recentProgress()]
-
-    def wait_for(self, done: Any, timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for p in self.progress():
-                if done(p):
-                    return p
-            if self.query.exception() is not None:
-                raise AssertionError(str(self.query.exception()))
-            time.sleep(0.1)
-        raise AssertionError(f"no such progress within {timeout} s: {self.progress()}")
-
-    def output(self) -> list[dict[str, Any]]:
-        if not self.sink.exists():
-            return []
-        return [json.loads(line) for line in self.sink.read_text().splitlines()]
-
-    def stop(self) -> None:
-        if self.query is not None:
-            self.query.stop()
-
 
 @pytest.fixture
 def rt(spark: Any, tmp_path: Any) -> Iterator[RealTimeRun]:

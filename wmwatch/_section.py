@@ -49,6 +49,9 @@ class QuerySummary:
     state_rows_growth_per_hour: float | None
     state_memory_bytes_last: int | None
     state_memory_bytes_max: int | None
+    # the latest run's trigger (processing_time, real_time, ...) and its interval
+    trigger: str = "unknown"
+    trigger_interval_seconds: float | None = None
     operators: list[dict[str, Any]] = field(default_factory=list)
     sections: dict[str, Any] = field(default_factory=dict)
 

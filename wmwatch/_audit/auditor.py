@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from wmwatch._audit.checkpoint import (
@@ -61,6 +61,8 @@ YIELD_FACTOR = 9.0
 _YIELD_MIN_SECONDS = 1.0
 _YIELD_MAX_SECONDS = 60.0
 _YIELD_POLL_SECONDS = 0.1
+# a real-time query's slots are read twice this far apart before a replay starts beside it
+_SLOT_CHECK_SECONDS = 0.25
 
 
 @dataclass
@@ -95,6 +97,9 @@ class _Counters:
     # (operator index, kind, join side) -> late rows found
     by_operator: dict[tuple[int, str, str | None], int] = field(default_factory=dict)
     yield_seconds: float = 0.0
+    kept_behind_watermark: int = 0
+    # a real-time query's replays wait for a spare task slot
+    waiting_for_slot: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +128,7 @@ class Auditor:
         poll_interval_seconds: float,
         progress_min_covers_inputs: bool = True,
         resolve: Callable[[], Resolved | None] | None = None,
+        count_kept_behind: bool = False,
     ) -> None:
         self.query_id = query_id
         self.query_name = query_name
@@ -143,6 +149,11 @@ class Auditor:
         # whether progress' eventTime.min is the minimum over every input (one watermark node)
         self.progress_min_covers_inputs = progress_min_covers_inputs
         self.progress_grace_seconds = 3.0
+        # a real-time query judges late rows with a watermark a whole interval old: count the
+        # rows each batch kept behind the watermark it reported (replaying the batches that
+        # may hold one)
+        self.count_kept_behind = count_kept_behind
+        self._warned_no_slot = False
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -327,6 +338,8 @@ class Auditor:
                 "replay_seconds": c.replay_seconds,
                 "yield_seconds": c.yield_seconds,
                 "batches_lost": c.batches_lost,
+                "rows_kept_behind_watermark": c.kept_behind_watermark,
+                "waiting_for_task_slot": c.waiting_for_slot,
                 "last_lost_batch": c.last_lost_batch,
                 "last_lost_reason": c.last_lost_reason,
                 "min_batches_to_retain": c.min_batches_to_retain,
@@ -517,6 +530,13 @@ class Auditor:
         run_id = info.run_id if info is not None else None
         if not self.progress_min_covers_inputs:
             min_ms = None  # replay every batch that read data
+        reported_ms = None
+        if self.count_kept_behind and late_wm_ms is not None:
+            entry = self.checkpoint.offsets(batch_id)
+            reported_ms = entry.watermark_ms if entry is not None else None
+        # the watermark the skip decision must clear: the reported one when rows kept behind
+        # it are counted too
+        judged_ms = max(late_wm_ms or 0, reported_ms or 0) if late_wm_ms is not None else None
         reads = [
             (item, what)
             for item in self.replayer.inputs
@@ -537,14 +557,20 @@ class Auditor:
             or (
                 info is not None
                 and min_ms is not None
+                and judged_ms is not None
                 and not any(
-                    batch_may_have_late_rows(item.spec, late_wm_ms, min_ms) for item, _ in reads
+                    batch_may_have_late_rows(item.spec, judged_ms, min_ms) for item, _ in reads
                 )
             )
             or late_wm_ms is None
         ):
-            self._record(batch_id, run_id, late_wm_ms, found=BatchLateRows.nothing())
+            nothing = BatchLateRows.nothing()
+            if self.count_kept_behind:
+                nothing = replace(nothing, kept_behind_watermark=0)
+            self._record(batch_id, run_id, late_wm_ms, found=nothing)
             return True
+        if self.count_kept_behind and not self._real_time_slot_free():
+            return False  # try again in a moment; batches go in order
         self._yield_to_other_jobs()
         started = time.perf_counter()
         found = self.replayer.replay(
@@ -554,12 +580,48 @@ class Auditor:
             late_wm_ms,
             sink=self.sink,
             stage=self._stage,
+            reported_wm_ms=reported_ms,
         )
         took = time.perf_counter() - started
         self._last_replay_seconds = took
         with self._lock:
             self._counters.replay_seconds += took
         self._record(batch_id, run_id, late_wm_ms, found=found)
+        return True
+
+    def _real_time_slot_free(self) -> bool:
+        """Whether a replay may run beside a real-time query now.
+
+        A real-time batch must get every task slot its stages need at once, or Spark fails the
+        query (``CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT``); its tasks hold their slots for the
+        whole batch. So while the audited run lasts, a replay (one task at a time) starts only
+        when, twice in a row, a batch is running and a slot is left over: then the query keeps
+        its slots at the next batch too. After the run stopped, nothing competes.
+        """
+        if self._finishing():
+            with self._lock:
+                self._counters.waiting_for_slot = False
+            return True
+        for attempt in range(2):
+            if attempt:
+                time.sleep(_SLOT_CHECK_SECONDS)
+            slots = _task_slots(self.replayer.spark)
+            if slots is None or slots[1] == 0 or slots[0] - slots[1] < 1:
+                with self._lock:
+                    self._counters.waiting_for_slot = True
+                if not self._warned_no_slot:
+                    self._warned_no_slot = True
+                    log.warning(
+                        "wmwatch: audit of real-time query %s waits for a spare task slot: "
+                        "the query's batches hold every slot, and Spark fails a real-time "
+                        "batch that cannot get all of them, so replays wait (Spark's dropped "
+                        "counts are still recorded); give the application one more core to "
+                        "audit while it runs",
+                        self.label,
+                    )
+                return False
+        with self._lock:
+            self._counters.waiting_for_slot = False
         return True
 
     def _application_busy(self) -> bool:
@@ -631,6 +693,7 @@ class Auditor:
             c = self._counters
             c.batches_audited += 1
             c.late_rows += found.total
+            c.kept_behind_watermark += found.kept_behind_watermark or 0
             for count in found.by_input:
                 key = (count.operator_index, count.kind, count.side)
                 c.by_operator[key] = c.by_operator.get(key, 0) + count.rows
@@ -645,3 +708,18 @@ class Auditor:
                 batch_id if c.last_audited_batch is None else max(c.last_audited_batch, batch_id)
             )
             self._audited_cond.notify_all()
+
+
+def _task_slots(spark: Any) -> tuple[int, int] | None:
+    """(task slots of the application, tasks running now); None where Spark does not say."""
+    if is_connect(spark):
+        return None
+    try:
+        tracker = spark.sparkContext.statusTracker()
+        running = 0
+        for stage_id in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(stage_id)
+            running += info.numActiveTasks if info is not None else 0
+        return int(spark.sparkContext.defaultParallelism), running
+    except Exception:  # noqa: BLE001 - unknown: the replay waits
+        return None

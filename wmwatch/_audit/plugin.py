@@ -32,6 +32,7 @@ class _QueryTotals:
     # (operator index, kind, join side) -> late rows
     by_operator: dict[tuple[str, str, str], int] = field(default_factory=dict)
     batches_lost: int = 0
+    kept_behind_watermark: int = 0
 
     def add(self, status: dict[str, Any]) -> None:
         for item in status["late_rows_by_operator"]:
@@ -42,6 +43,7 @@ class _QueryTotals:
         self.batches_over_cap += int(status["batches_over_cap"])
         self.errors += int(status["errors"])
         self.batches_lost += int(status["batches_lost"])
+        self.kept_behind_watermark += int(status["rows_kept_behind_watermark"])
 
 
 class AuditPlugin(WatchPlugin):
@@ -138,6 +140,12 @@ class AuditPlugin(WatchPlugin):
             "were purged from the checkpoint first.",
             labels=["query"],
         )
+        kept_behind = CounterMetricFamily(
+            "wmwatch_rows_kept_behind_watermark",
+            "Rows a batch kept (aggregated, emitted) although the watermark it reported had "
+            "passed them: it judged late rows with the batch before's (real-time queries).",
+            labels=["query"],
+        )
         retention = GaugeMetricFamily(
             "wmwatch_audit_retention_batches_remaining",
             "Batches the query can run before its checkpoint purges offsets the audit still "
@@ -152,6 +160,7 @@ class AuditPlugin(WatchPlugin):
             }
         lags: dict[str, tuple[float, float]] = {}
         remaining: dict[str, float] = {}
+        counting = {a.label for a in running if a.count_kept_behind}
         for auditor in running:
             status = auditor.status()
             totals.setdefault(auditor.label, _QueryTotals()).add(status)
@@ -166,12 +175,16 @@ class AuditPlugin(WatchPlugin):
             storms.add_metric([label], float(t.batches_over_cap))
             errors.add_metric([label], float(t.errors))
             lost.add_metric([label], float(t.batches_lost))
+            if t.kept_behind_watermark or label in counting:
+                kept_behind.add_metric([label], float(t.kept_behind_watermark))
         for label, (batches, seconds) in sorted(lags.items()):
             lag_b.add_metric([label], batches)
             lag_s.add_metric([label], seconds)
         for label, batches in sorted(remaining.items()):
             retention.add_metric([label], batches)
-        return [late, by_operator, over_cap, storms, lag_b, lag_s, errors, lost, retention]
+        return [
+            late, by_operator, over_cap, storms, lag_b, lag_s, errors, lost, kept_behind, retention
+        ]
 
     def close(self) -> None:
         for auditor in self.running():

@@ -14,7 +14,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from wmwatch._audit.predicates import SESSION, WINDOW, OperatorSpec
@@ -71,6 +71,7 @@ class Replayer:
         max_rows_per_batch: int,
         max_row_bytes: int,
         job_timeout_seconds: float,
+        one_task: bool = False,
     ) -> None:
         self.spark = spark
         self.query_id = query_id
@@ -84,6 +85,7 @@ class Replayer:
         self.max_rows_per_batch = max_rows_per_batch
         self.max_row_bytes = max_row_bytes
         self.job_timeout_seconds = job_timeout_seconds
+        self.one_task = one_task
 
     def join_pool(self) -> None:
         """Run the calling thread's Spark jobs in the audit's FAIR scheduler pool."""
@@ -99,9 +101,15 @@ class Replayer:
         *,
         sink: str,
         stage: Stage,
+        reported_wm_ms: int | None = None,
     ) -> BatchLateRows:
         """The late rows of one batch under the late-row watermark; ``reads`` pairs each input
-        that read data in the batch with what its source needs to read that data again."""
+        that read data in the batch with what its source needs to read that data again.
+
+        With ``reported_wm_ms`` (the watermark the batch reported, above the one it judged late
+        rows with) it also counts the rows the batch kept although that watermark had passed
+        them: the rows the same rule would call late under it, and not under the older one.
+        """
         with bounded_job(
             self.spark,
             description=f"wmwatch audit of {self.label} batch {batch_id}",
@@ -109,24 +117,64 @@ class Replayer:
             pool=self.pool,
         ):
             frames = [
-                self.late_rows_frame(item, item.source.read(self.spark, what), late_wm_ms)
+                self.late_rows_frame(item, self._read(item, what), late_wm_ms)
                 for item, what in reads
             ]
             late = frames[0]
             for frame in frames[1:]:
                 late = late.unionByName(frame)
-            if sink == "parquet":
-                total = self.write_parquet(late, batch_id, run_id, late_wm_ms)[0]
-                return BatchLateRows(
-                    total=total,
-                    parquet_location=self.parquet_dir(batch_id),
-                    by_input=self.input_counts(
-                        self.spark.read.parquet(self.parquet_dir(batch_id)), reads
-                    )
-                    if total
-                    else (),
+            kept_behind = None
+            if reported_wm_ms is not None:
+                kept_behind = (
+                    self.count_kept_behind(reads, late_wm_ms, reported_wm_ms)
+                    if reported_wm_ms > late_wm_ms
+                    else 0
                 )
-            return self.fetch(late, batch_id, run_id, late_wm_ms, stage, reads)
+            found = self._late_rows(late, batch_id, run_id, late_wm_ms, sink, stage, reads)
+        return replace(found, kept_behind_watermark=kept_behind)
+
+    def count_kept_behind(
+        self, reads: Sequence[tuple[ReplayInput, Any]], late_wm_ms: int, reported_wm_ms: int
+    ) -> int:
+        """Rows late under the reported watermark but not under the late-row one (one count)."""
+        from pyspark.sql import functions as F
+
+        behind = None
+        for item, what in reads:
+            frame = self.late_rows_frame(item, self._read(item, what), reported_wm_ms)
+            behind = frame if behind is None else behind.unionByName(frame)
+        assert behind is not None
+        rule_us = F.coalesce(F.col("window_end_us"), F.col("event_time_us"))
+        return int(behind.where(rule_us > F.lit(late_wm_ms * 1000)).count())
+
+    def _late_rows(
+        self,
+        late: Any,
+        batch_id: int,
+        run_id: str | None,
+        late_wm_ms: int,
+        sink: str,
+        stage: Stage,
+        reads: Sequence[tuple[ReplayInput, Any]],
+    ) -> BatchLateRows:
+        """The batch's late rows into the sink: written by Spark, or fetched for DuckDB."""
+        if sink == "parquet":
+            total = self.write_parquet(late, batch_id, run_id, late_wm_ms)[0]
+            return BatchLateRows(
+                total=total,
+                parquet_location=self.parquet_dir(batch_id),
+                by_input=self.input_counts(
+                    self.spark.read.parquet(self.parquet_dir(batch_id)), reads
+                )
+                if total
+                else (),
+            )
+        return self.fetch(late, batch_id, run_id, late_wm_ms, stage, reads)
+
+    def _read(self, item: ReplayInput, what: Any) -> Any:
+        raw = item.source.read(self.spark, what)
+        # beside a real-time query a replay takes one task slot at a time (see the auditor)
+        return raw.coalesce(1) if self.one_task else raw
 
     def late_rows_frame(self, item: ReplayInput, raw: Any, late_wm_ms: int) -> Any:
         """A DataFrame of the late rows of one input's raw rows, in :data:`LATE_ROW_COLUMNS`."""

@@ -89,6 +89,8 @@ class BatchLateRows:
     replayed: bool = True
     # every late row found, per input (operator, side, source): see :func:`input_counts`
     by_input: tuple[InputCount, ...] = ()
+    # rows the batch kept although the watermark it reported had passed them (None: not counted)
+    kept_behind_watermark: int | None = None
 
     @classmethod
     def nothing(cls) -> BatchLateRows:
@@ -283,8 +285,8 @@ def _batch_writer(
         con.execute(
             "INSERT OR REPLACE INTO audit_batches (query_id, batch_id, run_id, late_watermark_at, "
             "late_rows, sink, location, audited_at, rows_kept, rows_over_cap, overflow_location, "
-            "late_rows_by_input) "
-            f"VALUES (?, ?, ?, {_EPOCH_SQL.format('?::BIGINT')}, ?, ?, ?, now(), ?, ?, ?, ?)",
+            "late_rows_by_input, rows_kept_behind_watermark) "
+            f"VALUES (?, ?, ?, {_EPOCH_SQL.format('?::BIGINT')}, ?, ?, ?, now(), ?, ?, ?, ?, ?)",
             [
                 query_id,
                 batch_id,
@@ -297,6 +299,7 @@ def _batch_writer(
                 found.over_cap,
                 found.overflow_location,
                 json.dumps([c.as_json() for c in found.by_input]) if found.by_input else None,
+                found.kept_behind_watermark,
             ],
         )
 

@@ -13,6 +13,7 @@ from typing import Any
 from wmwatch._audit import connect
 from wmwatch._audit.auditor import Auditor, Resolved
 from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root
+from wmwatch._audit.jvmsource import JvmStreamBatchSource, stream_of
 from wmwatch._audit.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
 from wmwatch._audit.predicates import JOIN, OperatorSpec
@@ -31,12 +32,14 @@ from wmwatch._audit.source import (
     file_source_of,
     relation_of,
     relation_position,
+    require_prepare,
     source_indexes,
 )
 from wmwatch._core.plugins import WatchContext
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError, ConfigError
 from wmwatch._progress import query_label
+from wmwatch._trigger import read_trigger
 
 SINKS = ("duckdb", "parquet")
 DEFAULT_MAX_ROWS_PER_BATCH = 100_000
@@ -114,6 +117,17 @@ def _source_of(
     if is_python_source(relation):
         spec = python_source_of(spark, relation)
         return positions, _python_source_at(spec), f"source {spec.name!r}"
+    stream = stream_of(spark, relation)
+    if stream is not None:
+        if prepare is None and frame.columns != [str(n) for n in relation.schema().fieldNames()]:
+            require_prepare(["a projection of the stream's columns"])
+        schema_json = str(relation.schema().json())
+        what = str(stream.toString())[:200]
+        return (
+            positions,
+            lambda index: JvmStreamBatchSource(stream, schema_json, index, what),
+            f"stream {what}",
+        )
     files = file_source_of(spark, frame, has_prepare=prepare is not None)
     return (
         positions or source_indexes(plan_text, files),
@@ -365,6 +379,9 @@ def start_audit(
         now = resolved(query_plan, str(query_plan.toString()), CheckpointReader(root, fs))
     query_id, query_name = str(query.id), query.name
     label = query_label(query_name, query_id)
+    # a real-time query judges rows with a watermark a whole interval old (the audit counts
+    # the rows kept behind the reported one) and must keep every task slot it needs
+    real_time = read_trigger(query).real_time
     replayer = Replayer(
         spark=spark,
         query_id=query_id,
@@ -378,6 +395,7 @@ def start_audit(
         max_rows_per_batch=max_rows_per_batch,
         max_row_bytes=max_row_bytes,
         job_timeout_seconds=job_timeout_seconds,
+        one_task=real_time,
     )
     auditor = Auditor(
         query_id=query_id,
@@ -393,6 +411,7 @@ def start_audit(
         poll_interval_seconds=poll_interval_seconds,
         progress_min_covers_inputs=now.progress_min_covers_inputs if now is not None else True,
         resolve=resolve,
+        count_kept_behind=real_time,
     )
     audit_plugin(watch).add(auditor)
     auditor.start()

@@ -17,6 +17,7 @@ from datetime import datetime
 
 from wmwatch._events import QueryIdle, QueryStarted, QueryTerminated
 from wmwatch._progress import ProgressSnapshot, query_label
+from wmwatch._trigger import Trigger
 
 
 @dataclass(slots=True)
@@ -43,6 +44,9 @@ class QueryState:
     missed_batches_total: int = 0
     # watermark per batch id, to find the late-row watermark of the next batch
     watermark_by_batch: dict[int, datetime | None] = field(default_factory=dict)
+    # the run's trigger, read once per run (trigger_run_id: the run it was read for)
+    trigger: Trigger = field(default_factory=Trigger)
+    trigger_run_id: str | None = None
 
     @property
     def label(self) -> str:
@@ -154,6 +158,18 @@ class QueryBook:
             state.exception = event.exception
             state.error_class = event.error_class
             state.stopped_monotonic = self._monotonic()
+
+    def needs_trigger(self, query_id: str, run_id: str) -> bool:
+        """Whether this run's trigger is still to be read."""
+        with self._lock:
+            state = self._queries.get(query_id)
+            return state is not None and state.trigger_run_id != run_id
+
+    def set_trigger(self, query_id: str, run_id: str, trigger: Trigger) -> None:
+        with self._lock:
+            state = self._queries.get(query_id)
+            if state is not None and state.run_id == run_id:
+                state.trigger, state.trigger_run_id = trigger, run_id
 
     def snapshot(self) -> list[QueryState]:
         """Copies of the states to export, after forgetting queries stopped long enough ago."""

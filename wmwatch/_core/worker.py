@@ -23,6 +23,7 @@ from wmwatch._errors import ProgressParseError
 from wmwatch._events import QueryTerminated, parse_idle, parse_started, parse_terminated
 from wmwatch._progress import parse_progress_event
 from wmwatch._text import first_line
+from wmwatch._trigger import Trigger, read_trigger
 
 if TYPE_CHECKING:  # duckdb loads only with a history store
     from wmwatch._store.writer import HistoryStore
@@ -154,6 +155,8 @@ class Worker:
             late_watermark = self._book.on_progress(snapshot)
             if self._store is not None:
                 self._store.record_progress(snapshot, late_watermark)
+            if self._book.needs_trigger(snapshot.query_id, snapshot.run_id):
+                self._read_trigger(snapshot.query_id, snapshot.run_id)
             self._tell("on_progress", snapshot)
         elif event.kind == "started":
             started = parse_started(event.payload)
@@ -167,6 +170,17 @@ class Worker:
             self._tell("on_query_idle", idle)
         elif event.kind == "terminated":
             self._terminated(parse_terminated(event.payload))
+
+    def _read_trigger(self, query_id: str, run_id: str) -> None:
+        """Once per run: how the query triggers batches (a few py4j calls; Connect: unknown)."""
+        try:
+            query = self._spark.streams.get(query_id)
+        except Exception:  # noqa: BLE001 - no such query any more: its trigger stays unknown
+            query = None
+        trigger = read_trigger(query) if query is not None else Trigger()
+        self._book.set_trigger(query_id, run_id, trigger)
+        if self._store is not None:
+            self._store.record_query_trigger(query_id, run_id, trigger)
 
     def _terminated(self, terminated: QueryTerminated) -> None:
         self._book.on_terminated(terminated)

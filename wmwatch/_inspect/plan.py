@@ -48,6 +48,9 @@ _STATEFUL_EXECS = {
     "TransformWithStateExec": "transformWithStateExec",
     "TransformWithStateInPySparkExec": "transformWithStateInPySparkExec",
     "StreamingGlobalLimitExec": "globalLimit",
+    # real-time mode's aggregation (Spark's RealTimeModeAllowlist also lets StateStoreSaveExec,
+    # StreamingDeduplicateExec and TransformWithStateExec run there, mapped above)
+    "StatefulStreamlineAggregateExec": "StatefulStreamlineAggregate",
 }
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _TRACKER_ENTRY = re.compile(rf"({_UUID}) -> (?:Some\((-?\d+)\)|(None)|(-?\d+))")

@@ -107,7 +107,10 @@ class WatchCollector(Collector):
 
     def _query_metrics(self, states: list[QueryState]) -> Iterator[Metric]:
         info = _gauge(
-            "wmwatch_query_info", "Watched query (value 1), with its id.", ["query", "query_id"]
+            "wmwatch_query_info",
+            "Watched query (value 1), with its id and trigger (processing_time, real_time, "
+            "available_now, once, continuous, unknown).",
+            ["query", "query_id", "trigger"],
         )
         up = _gauge("wmwatch_query_up", "1 while the query runs, 0 after it stopped.")
         failed = _gauge(
@@ -175,7 +178,7 @@ class WatchCollector(Collector):
 
         for state in states:
             q = state.label
-            info.add_metric([q, state.query_id], 1)
+            info.add_metric([q, state.query_id, state.trigger.mode], 1)
             up.add_metric([q], 1 if state.status == "active" else 0)
             failed.add_metric([q], 1 if state.status == "failed" else 0)
             batches.add_metric([q], state.batches_total)

@@ -153,7 +153,11 @@ _STATUS_SQL = """
            arg_max(error_class, coalesce(terminated_at, last_progress_at, started_at))
                AS error_class,
            arg_max(exception, coalesce(terminated_at, last_progress_at, started_at))
-               AS exception
+               AS exception,
+           arg_max(trigger, coalesce(last_progress_at, started_at, terminated_at))
+               FILTER (WHERE trigger IS NOT NULL) AS trigger,
+           arg_max(trigger_interval_ms, coalesce(last_progress_at, started_at, terminated_at))
+               FILTER (WHERE trigger IS NOT NULL) AS trigger_interval_ms
     FROM queries WHERE query_id IN (SELECT unnest($1::VARCHAR[]))
     GROUP BY query_id
 """
@@ -225,6 +229,12 @@ def _summary(
         status=status.get("status") or "active",
         error_class=status.get("error_class"),
         exception=first_line(status.get("exception")),
+        trigger=status.get("trigger") or "unknown",
+        trigger_interval_seconds=(
+            status["trigger_interval_ms"] / 1000.0
+            if status.get("trigger_interval_ms") is not None
+            else None
+        ),
         runs=0,
         batches=0,
         first_batch_id=None,

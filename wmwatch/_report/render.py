@@ -29,6 +29,8 @@ _CORE_CSV_COLUMNS = (
     "query_id",
     "status",
     "error_class",
+    "trigger",
+    "trigger_interval_seconds",
     "runs",
     "batches",
     "first_batch_id",
@@ -127,6 +129,14 @@ def render_table(report: Report, console: Console) -> None:
         )
 
 
+def _trigger_text(summary: QuerySummary) -> str:
+    text = summary.trigger.replace("_", " ")
+    if summary.trigger_interval_seconds is not None:
+        every = format_duration(summary.trigger_interval_seconds)
+        text += f", batches of {every}" if summary.trigger == "real_time" else f", every {every}"
+    return text
+
+
 def _core_table(summary: QuerySummary) -> Table:
     from rich.table import Table
 
@@ -138,6 +148,7 @@ def _core_table(summary: QuerySummary) -> Table:
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
     table.add_row("status", status)
+    table.add_row("trigger", _trigger_text(summary))
     if summary.exception:
         table.add_row("exception", f"[red]{summary.exception}[/]")
     if summary.batches == 0:

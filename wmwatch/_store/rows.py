@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from wmwatch._events import QueryStarted, QueryTerminated
 from wmwatch._progress import ProgressSnapshot
+from wmwatch._trigger import Trigger
 
 if TYPE_CHECKING:
     import duckdb
@@ -58,6 +59,21 @@ def write_query_started(con: duckdb.DuckDBPyConnection, event: QueryStarted) -> 
             started_at = coalesce(excluded.started_at, queries.started_at)
         """,
         (event.query_id, event.run_id, event.name, event.started_at),
+    )
+
+
+def write_query_trigger(
+    con: duckdb.DuckDBPyConnection, query_id: str, run_id: str, trigger: Trigger
+) -> None:
+    con.execute(
+        """
+        INSERT INTO queries (query_id, run_id, status, trigger, trigger_interval_ms)
+        VALUES (?, ?, 'active', ?, ?)
+        ON CONFLICT (query_id, run_id) DO UPDATE SET
+            trigger = excluded.trigger,
+            trigger_interval_ms = excluded.trigger_interval_ms
+        """,
+        (query_id, run_id, trigger.mode, trigger.interval_ms),
     )
 
 

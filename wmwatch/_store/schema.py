@@ -254,6 +254,19 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE audit_batches ADD COLUMN IF NOT EXISTS late_rows_by_input JSON",
         ),
     ),
+    Migration(
+        5,
+        "each run's trigger; rows a batch kept behind the watermark it reported",
+        (
+            # processing_time | real_time | available_now | once | continuous | unknown, and its
+            # interval (real time: the checkpoint interval, the length of one batch)
+            "ALTER TABLE queries ADD COLUMN IF NOT EXISTS trigger VARCHAR",
+            "ALTER TABLE queries ADD COLUMN IF NOT EXISTS trigger_interval_ms BIGINT",
+            # rows the batch aggregated or kept although the watermark it reported had passed
+            # them (they were judged against the batch before's): counted by the audit's replay
+            "ALTER TABLE audit_batches ADD COLUMN IF NOT EXISTS rows_kept_behind_watermark BIGINT",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -60,9 +60,11 @@ from wmwatch._store.rows import (
     write_progress_rows,
     write_query_started,
     write_query_terminated,
+    write_query_trigger,
 )
 from wmwatch._store.schema import apply_retention, migrate
 from wmwatch._text import error_line
+from wmwatch._trigger import Trigger
 
 if TYPE_CHECKING:
     import duckdb
@@ -269,6 +271,12 @@ class HistoryStore:
         self.submit(
             lambda con: write_query_started(con, event),
             description=f"query started {event.query_id}",
+        )
+
+    def record_query_trigger(self, query_id: str, run_id: str, trigger: Trigger) -> None:
+        self.submit(
+            lambda con: write_query_trigger(con, query_id, run_id, trigger),
+            description=f"query trigger {query_id}",
         )
 
     def record_query_terminated(self, event: QueryTerminated) -> None:

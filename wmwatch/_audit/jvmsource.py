@@ -1,0 +1,110 @@
+"""Reading a batch of a JVM streaming source (a DataSource V2 ``MicroBatchStream``) again.
+
+A V2 stream logs each batch's end offset in ``offsets/N`` (the JSON of its ``Offset``); batch N
+read from ``offsets/N-1``'s offset (or the stream's ``initialOffset()``) to ``offsets/N``'s.
+After a restart Spark re-runs an uncommitted batch from exactly those two offsets:
+``planInputPartitions(start, end)``, then a reader from ``createReaderFactory()`` per partition,
+on executors. The audit uses the same contract: :class:`JvmStreamBatchSource` builds a batch
+DataFrame over those partitions and that reader factory, so executors read the rows again through
+the source's own reader, never the driver. Real-time mode logs its batches the same way (the end
+offset is the one the batch reached when its interval ended).
+
+The stream object is the one the query reads. Here that is a memory stream the session holds
+(``LowLatencyMemoryStream``, the real-time source that runs without a broker; its table hands
+out the stream). Kafka's stream is made per query from its options and checkpoint, so it is not
+reachable this way: docs/audit-sources.md describes its replay, the same offsets given to a
+batch read as ``startingOffsets``/``endingOffsets``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from wmwatch._audit.checkpoint import CheckpointEntryGone, CheckpointReader
+from wmwatch._audit.source import SOURCE_FILE_COL
+from wmwatch._errors import AuditError
+
+# the stream interface whose planInputPartitions(start, end) is the batch-restart contract
+_MICRO_BATCH_STREAM = "org.apache.spark.sql.connector.read.streaming.MicroBatchStream"
+
+
+def stream_of(spark: Any, relation: Any) -> Any | None:
+    """The V2 stream a streaming relation (JVM logical plan node) reads, where its table holds
+    one (a memory stream); None otherwise."""
+    try:
+        if str(relation.nodeName()) != "StreamingRelationV2":
+            return None
+        table = relation.table()
+        if not str(table.getClass().getName()).endswith(".MemoryStreamTable"):
+            return None
+        stream = table.stream()
+        micro_batch = spark.sparkContext._jvm.java.lang.Class.forName(_MICRO_BATCH_STREAM)
+        return stream if micro_batch.isInstance(stream) else None
+    except Exception:  # noqa: BLE001 - not a V2 stream the audit can read again
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class JvmStreamBatchSource:
+    """A JVM V2 stream: batch N read from ``offsets/N-1``'s offset to ``offsets/N``'s."""
+
+    stream: Any = field(compare=False)
+    schema_json: str
+    index: int
+    description: str
+
+    @property
+    def source_index(self) -> int:
+        return self.index
+
+    def batch_input(self, checkpoint: CheckpointReader, batch_id: int) -> tuple[str, str] | None:
+        end_entry = checkpoint.offsets(batch_id)
+        if end_entry is None or self.index >= len(end_entry.source_offsets):
+            raise AuditError(
+                f"offsets/{batch_id} has no line for source {self.index}; the checkpoint does "
+                "not belong to this query."
+            )
+        end = end_entry.source_offsets[self.index]
+        if end is None:
+            return None
+        before = checkpoint.offsets(batch_id - 1) if batch_id > 0 else None
+        if batch_id > 0 and before is None:
+            raise CheckpointEntryGone(
+                f"offsets/{batch_id - 1} is gone (spark.sql.streaming.minBatchesToRetain), so "
+                f"where batch {batch_id} started reading is unknown"
+            )
+        start = before.source_offsets[self.index] if before is not None else None
+        if start is None:  # the source had no offset yet: the batch read from its start
+            start = str(self.stream.initialOffset().json())
+        if json.loads(start) == json.loads(end):
+            return None  # the batch read nothing new from this source
+        return start, end
+
+    def read(self, spark: Any, what: Any) -> Any:
+        """The rows between two logged offsets, read by executors through the stream's own
+        partitions and reader factory."""
+        from pyspark.sql import DataFrame
+        from pyspark.sql import functions as F
+
+        start, end = what
+        stream = self.stream
+        partitions = stream.planInputPartitions(
+            stream.deserializeOffset(start), stream.deserializeOffset(end)
+        )
+        jvm = spark.sparkContext._jvm
+        options = jvm.java.util.ArrayList()
+        for partition in partitions:
+            options.add(jvm.scala.Option.apply(partition))
+        utils = jvm.org.apache.spark.api.python.PythonUtils
+        rdd = jvm.org.apache.spark.sql.execution.datasources.v2.DataSourceRDD(
+            spark.sparkContext._jsc.sc(),
+            utils.toSeq(options),
+            stream.createReaderFactory(),
+            False,
+            utils.toScalaMap(jvm.java.util.HashMap()),
+        )
+        schema = jvm.org.apache.spark.sql.types.DataType.fromJson(self.schema_json)
+        frame = DataFrame(spark._jsparkSession.internalCreateDataFrame(rdd, schema, False), spark)
+        return frame.withColumn(SOURCE_FILE_COL, F.lit(None).cast("string"))
