@@ -13,6 +13,7 @@ would fail the query): it replays once the run stopped.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,13 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests.realtime import BASE, RealTimeRun
+from wmwatch._audit.report import LATE_ROWS_SECTION
 from wmwatch._inspect.plugin import PlanPlugin
 from wmwatch.cli import app
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+LATE_ROWS = LATE_ROWS_SECTION.key
 
 
 @pytest.fixture
@@ -56,6 +60,10 @@ def run_audited(rt: RealTimeRun, build: Any, tmp_path: Path) -> dict[str, Any]:
         rt.wait_for(lambda p: p["batchId"] == b + 2)
         # one more batch, so that the plan's watermarks are read while the query runs
         rt.wait_for(lambda p: p["batchId"] == b + 3)
+        # the audit reaches batch b+1 (it may hold rows kept behind the watermark) and waits
+        deadline = time.monotonic() + 60
+        while not audit.status()["waiting_for_task_slot"] and time.monotonic() < deadline:
+            time.sleep(0.2)
         during = audit.status()
         assert rt.query.isActive and rt.query.exception() is None
         rt.stop()
@@ -139,6 +147,15 @@ def check(result: dict[str, Any], kind: str, operator: str) -> None:
     assert result["report"].exit_code == 0, result["report"].output
     (query,) = json.loads(result["report"].stdout)["queries"]
     assert query["trigger"] == "real_time" and query["trigger_interval_seconds"] == 5.0
+    # the report explains the interval with the query's own figures
+    costs = query["watermarks"]["real_time"]
+    assert costs["interval_seconds"] == 5.0 and costs["delay_seconds"] == 10.0
+    assert costs["watermark_age_max_seconds"] == 10.0
+    assert costs["lateness_kept_max_seconds"] == 20.0
+    assert costs["state_held_max_seconds"] == 15.0
+    assert costs["state_interval_share"] == pytest.approx(1 / 3)
+    assert "checkpoint interval 5.0s" in costs["text"]
+    assert query[LATE_ROWS]["rows_kept_behind_watermark"] == 1
 
 
 def test_real_time_aggregation_is_audited_batch_by_batch(

@@ -18,7 +18,7 @@ from math import gcd
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wmwatch._section import Row, Scope, Section, as_float, grouped, named_rows
+from wmwatch._section import Row, Scope, Section, as_float, as_int, grouped, named_rows
 from wmwatch._time import as_utc, format_at, format_duration
 
 if TYPE_CHECKING:
@@ -245,7 +245,8 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
                    coalesce(sum(a.late_rows), 0) AS late_rows_found,
                    coalesce(sum(a.rows_over_cap) FILTER (WHERE a.overflow_location IS NULL), 0)
                        AS late_rows_not_kept,
-                   count(*) FILTER (WHERE a.rows_over_cap > 0) AS batches_over_cap
+                   count(*) FILTER (WHERE a.rows_over_cap > 0) AS batches_over_cap,
+                   sum(a.rows_kept_behind_watermark) AS rows_kept_behind_watermark
             FROM audit_batches a JOIN first_ids USING (query_id)
             WHERE a.batch_id >= first_ids.first_id
             GROUP BY a.query_id
@@ -406,6 +407,9 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
             "batches_over_cap": int(marks.get("batches_over_cap", 0)),
             "batches_with_late_rows": int(row["batches_with_late_rows"]),
             "audited_batches": int(marks.get("audited_batches", 0)),
+            # rows kept although the watermark their batch reported had passed them (counted
+            # for real-time queries; None where not counted)
+            "rows_kept_behind_watermark": as_int(marks.get("rows_kept_behind_watermark")),
             "lateness_p50_seconds": as_float(row["lateness_p50_seconds"]),
             "lateness_p95_seconds": as_float(row["lateness_p95_seconds"]),
             "lateness_max_seconds": as_float(row["lateness_max_seconds"]),
@@ -481,6 +485,13 @@ def render_late_rows(data: Mapping[str, Any]) -> Table:
                 else "every row kept in Parquet; "
             )
             + "the figures below describe the kept rows",
+        )
+    if data.get("rows_kept_behind_watermark") is not None:
+        table.add_row(
+            "kept behind watermark",
+            f"{data['rows_kept_behind_watermark']:,} rows kept although the watermark their "
+            "batch reported had passed them (judged against the batch before's); a shorter "
+            "checkpoint interval would have dropped them",
         )
     operators = data.get("by_operator") or []
     if len(operators) > 1 or any(o["side"] for o in operators):

@@ -1,11 +1,13 @@
 """The report's plan-inspection sections: active findings (``findings``) and the latest
-per-operator and per-input watermarks (``operator_watermarks``, ``source_watermarks``)."""
+per-operator and per-input watermarks (``operator_watermarks``, ``source_watermarks``), with
+what a real-time query's checkpoint interval costs."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from wmwatch._inspect.watermarks import real_time_costs
 from wmwatch._section import Row, Scope, Section, grouped, named_rows
 from wmwatch._time import as_utc, format_at, from_epoch_seconds
 
@@ -165,6 +167,20 @@ def load_watermarks(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, d
         )
         if row["holding_back"]:
             entry["holding_back"].append(row["source"])
+    for query_id in ids:
+        summary = scope.summaries.get(query_id)
+        if summary is None or summary.trigger != "real_time":
+            continue
+        if summary.trigger_interval_seconds is None:
+            continue
+        entry = out.setdefault(query_id, _empty_entry())
+        delays = [s["delay_seconds"] for s in entry["sources"] if s["delay_seconds"] is not None]
+        entry["real_time"] = real_time_costs(
+            summary.trigger_interval_seconds,
+            max(delays) if delays else None,
+            summary.state_rows_last,
+            summary.state_memory_bytes_last,
+        )
     return out
 
 
@@ -201,8 +217,14 @@ def render_watermarks(data: Mapping[str, Any]) -> Table:
             format_at(src["event_time_max_at"], zone=False),
             ", ".join(note),
         )
+    captions = []
     if data.get("policy"):
-        table.caption = f"multipleWatermarkPolicy = {data['policy']}"
+        captions.append(f"multipleWatermarkPolicy = {data['policy']}")
+    if data.get("real_time"):
+        captions.append(escape(data["real_time"]["text"]))
+    if captions:
+        table.caption = "\n".join(captions)
+        table.caption_justify = "left"
     return table
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from wmwatch._progress import ProgressSnapshot
-from wmwatch._time import EPOCH, from_epoch_ms, to_epoch_ms
+from wmwatch._time import EPOCH, format_duration, from_epoch_ms, to_epoch_ms
 
 MIN_POLICY = "min"
 MAX_POLICY = "max"
@@ -407,3 +407,66 @@ class NodeWatermarks:
         return {
             n: from_epoch_ms(self.values_ms[n]) if n in self.exact else None for n in self.order
         }
+
+
+def real_time_costs(
+    interval_seconds: float,
+    delay_seconds: float | None,
+    state_rows: int | None,
+    state_bytes: int | None,
+) -> dict[str, Any]:
+    """What a real-time query's checkpoint interval costs, in its own figures.
+
+    The watermark moves only when a batch (one interval) ends, and a batch judges late rows
+    with the watermark of the batch before: rows are judged against a watermark up to two
+    intervals old, and state waits up to the interval plus the delay before it is evicted. The
+    interval's share of the state is estimated as interval / (interval + delay) of it: state
+    held for the delay alone would be the rest.
+    """
+    delay = delay_seconds or 0.0
+    held = interval_seconds + delay
+    share = interval_seconds / held if held > 0 else None
+    costs: dict[str, Any] = {
+        "interval_seconds": interval_seconds,
+        "delay_seconds": delay_seconds,
+        "watermark_age_max_seconds": 2 * interval_seconds,
+        "lateness_kept_max_seconds": delay + 2 * interval_seconds,
+        "state_held_max_seconds": held,
+        "state_interval_share": share,
+        "state_rows_for_interval": (
+            round(state_rows * share) if state_rows is not None and share is not None else None
+        ),
+        "state_bytes_for_interval": (
+            round(state_bytes * share) if state_bytes is not None and share is not None else None
+        ),
+    }
+    costs["text"] = _real_time_text(costs)
+    return costs
+
+
+def _real_time_text(c: Mapping[str, Any]) -> str:
+    interval = format_duration(c["interval_seconds"])
+    delay = format_duration(c["delay_seconds"]) if c["delay_seconds"] is not None else "?"
+    text = (
+        f"Real-time mode, checkpoint interval {interval}: the watermark moves only when a batch "
+        f"ends, so state waits up to {format_duration(c['state_held_max_seconds'])} (interval "
+        f"+ delay {delay}) before it is evicted"
+    )
+    if c["state_rows_for_interval"] is not None:
+        text += (
+            f"; about {c['state_interval_share']:.0%} of the state "
+            f"({c['state_rows_for_interval']:,} rows"
+            + (
+                f", {c['state_bytes_for_interval'] / 2**20:.1f} MiB"
+                if c["state_bytes_for_interval"] is not None
+                else ""
+            )
+            + ") is there for the interval (an estimate)"
+        )
+    return text + (
+        f". Each batch judges late rows against the watermark of the batch before, up to "
+        f"{format_duration(c['watermark_age_max_seconds'])} old: a row up to "
+        f"{format_duration(c['lateness_kept_max_seconds'])} behind the newest event time can "
+        "still be kept, even behind the watermark the batch reports (the audit counts those). "
+        "A shorter interval frees that state and judges rows against a fresher watermark."
+    )
