@@ -28,6 +28,11 @@ from wmwatch._errors import AuditError
 
 # the stream interface whose planInputPartitions(start, end) is the batch-restart contract
 _MICRO_BATCH_STREAM = "org.apache.spark.sql.connector.read.streaming.MicroBatchStream"
+# streams that still hold a committed batch's rows (the micro-batch MemoryStream drops them on
+# commit, so a replay of it would find nothing and look like "no late rows")
+_KEEPS_COMMITTED_DATA = frozenset(
+    {"org.apache.spark.sql.execution.streaming.sources.LowLatencyMemoryStream"}
+)
 
 
 def stream_of(spark: Any, relation: Any) -> Any | None:
@@ -40,6 +45,8 @@ def stream_of(spark: Any, relation: Any) -> Any | None:
         if not str(table.getClass().getName()).endswith(".MemoryStreamTable"):
             return None
         stream = table.stream()
+        if str(stream.getClass().getName()) not in _KEEPS_COMMITTED_DATA:
+            return None
         micro_batch = spark.sparkContext._jvm.java.lang.Class.forName(_MICRO_BATCH_STREAM)
         return stream if micro_batch.isInstance(stream) else None
     except Exception:  # noqa: BLE001 - not a V2 stream the audit can read again
