@@ -396,3 +396,44 @@ def _source_offset(entry: OffsetsEntry, source_index: int) -> str | None:
 def files_of(entries: Sequence[SourceFile]) -> list[str]:
     """Paths to hand to ``spark.read``, in the order Spark took them."""
     return [entry.path for entry in entries]
+
+
+def logged_offsets(
+    checkpoint: CheckpointReader, batch_id: int, index: int, initial: Callable[[], str]
+) -> tuple[str, str] | None:
+    """The offsets source ``index`` logged around batch ``batch_id``: where the batch started
+    (``offsets/N-1``'s line, or ``initial()`` for a source that had none yet) and where it
+    ended (``offsets/N``'s); None when the batch read nothing new from it. Sources that log
+    their own offsets (Python data sources, JVM streams) are read again from exactly these."""
+    end_entry = checkpoint.offsets(batch_id)
+    if end_entry is None or index >= len(end_entry.source_offsets):
+        raise AuditError(
+            f"offsets/{batch_id} has no line for source {index}; the checkpoint does not "
+            "belong to this query."
+        )
+    end = end_entry.source_offsets[index]
+    if end is None:
+        return None
+    before = checkpoint.offsets(batch_id - 1) if batch_id > 0 else None
+    if batch_id > 0 and before is None:
+        raise CheckpointEntryGone(
+            f"offsets/{batch_id - 1} is gone (spark.sql.streaming.minBatchesToRetain), so "
+            f"where batch {batch_id} started reading is unknown"
+        )
+    start = before.source_offsets[index] if before is not None else None
+    if start is None:  # the source had no offset yet: the batch read from its start
+        start = initial()
+    if parse_offset_json(start, "start") == parse_offset_json(end, "end"):
+        return None  # the batch read nothing new from this source
+    return start, end
+
+
+def parse_offset_json(text: str, what: str) -> Any:
+    """A logged offset line as JSON; a one-line error for a damaged line."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise AuditError(
+            f"the {what} offset {text[:80]!r} in the checkpoint is not JSON; the checkpoint is "
+            "damaged or not this source's."
+        ) from exc

@@ -18,13 +18,11 @@ batch read as ``startingOffsets``/``endingOffsets``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.checkpoint import CheckpointEntryGone, CheckpointReader
+from wmwatch._audit.checkpoint import CheckpointReader, logged_offsets
 from wmwatch._audit.source import SOURCE_FILE_COL
-from wmwatch._errors import AuditError
 
 # the stream interface whose planInputPartitions(start, end) is the batch-restart contract
 _MICRO_BATCH_STREAM = "org.apache.spark.sql.connector.read.streaming.MicroBatchStream"
@@ -67,27 +65,9 @@ class JvmStreamBatchSource:
         return self.index
 
     def batch_input(self, checkpoint: CheckpointReader, batch_id: int) -> tuple[str, str] | None:
-        end_entry = checkpoint.offsets(batch_id)
-        if end_entry is None or self.index >= len(end_entry.source_offsets):
-            raise AuditError(
-                f"offsets/{batch_id} has no line for source {self.index}; the checkpoint does "
-                "not belong to this query."
-            )
-        end = end_entry.source_offsets[self.index]
-        if end is None:
-            return None
-        before = checkpoint.offsets(batch_id - 1) if batch_id > 0 else None
-        if batch_id > 0 and before is None:
-            raise CheckpointEntryGone(
-                f"offsets/{batch_id - 1} is gone (spark.sql.streaming.minBatchesToRetain), so "
-                f"where batch {batch_id} started reading is unknown"
-            )
-        start = before.source_offsets[self.index] if before is not None else None
-        if start is None:  # the source had no offset yet: the batch read from its start
-            start = str(self.stream.initialOffset().json())
-        if json.loads(start) == json.loads(end):
-            return None  # the batch read nothing new from this source
-        return start, end
+        return logged_offsets(
+            checkpoint, batch_id, self.index, lambda: str(self.stream.initialOffset().json())
+        )
 
     def read(self, spark: Any, what: Any) -> Any:
         """The rows between two logged offsets, read by executors through the stream's own

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.checkpoint import CheckpointEntryGone, CheckpointReader
-from wmwatch._errors import AuditError, UnsupportedSourceError
+from wmwatch._audit.checkpoint import CheckpointReader, logged_offsets, parse_offset_json
+from wmwatch._errors import UnsupportedSourceError
 
 _START = "wmwatch.replay.start"
 _END = "wmwatch.replay.end"
@@ -82,16 +82,6 @@ def python_source_of(spark: Any, relation: Any) -> PythonSourceSpec:
         schema_json=str(relation.schema().json()),
         data_source=data_source,
     )
-
-
-def _offset(text: str, what: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise AuditError(
-            f"the {what} offset {text[:80]!r} in the checkpoint is not JSON; the checkpoint is "
-            "damaged or not a Python data source's."
-        ) from exc
 
 
 def initial_offset(spec: PythonSourceSpec) -> str:
@@ -170,8 +160,8 @@ def _replay_class(spec: PythonSourceSpec, name: str) -> type:
 
 def read_batch(spark: Any, spec: PythonSourceSpec, start_json: str, end_json: str) -> Any:
     """A batch DataFrame of exactly the rows the source gives between two logged offsets."""
-    _offset(start_json, "start")
-    _offset(end_json, "end")
+    parse_offset_json(start_json, "start")
+    parse_offset_json(end_json, "end")
     name = _replay_name(spec)
     key = (id(spark), name)
     with _REGISTER_LOCK:
@@ -199,27 +189,7 @@ class PythonBatchSource:
         return self.index
 
     def batch_input(self, checkpoint: CheckpointReader, batch_id: int) -> tuple[str, str] | None:
-        end_entry = checkpoint.offsets(batch_id)
-        if end_entry is None or self.index >= len(end_entry.source_offsets):
-            raise AuditError(
-                f"offsets/{batch_id} has no line for source {self.index}; the checkpoint does "
-                "not belong to this query."
-            )
-        end = end_entry.source_offsets[self.index]
-        if end is None:
-            return None
-        before = checkpoint.offsets(batch_id - 1) if batch_id > 0 else None
-        if batch_id > 0 and before is None:
-            raise CheckpointEntryGone(
-                f"offsets/{batch_id - 1} is gone (spark.sql.streaming.minBatchesToRetain), so "
-                f"where batch {batch_id} started reading is unknown"
-            )
-        start = before.source_offsets[self.index] if before is not None else None
-        if start is None:  # the source had no offset yet: the batch read from its start
-            start = initial_offset(self.spec)
-        if _offset(start, "start") == _offset(end, "end"):
-            return None  # the batch read nothing new from this source
-        return start, end
+        return logged_offsets(checkpoint, batch_id, self.index, lambda: initial_offset(self.spec))
 
     def read(self, spark: Any, what: Any) -> Any:
         start, end = what
