@@ -10,6 +10,7 @@ rows are late in the two runs, and both must balance.
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -19,11 +20,13 @@ from typing import Any
 import duckdb
 import pytest
 from prometheus_client import CollectorRegistry
+from typer.testing import CliRunner
 
 import wmwatch
 from tests.helpers import write_events
 from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem
-from wmwatch._errors import AuditError, UnsupportedSourceError
+from wmwatch._errors import AuditError
+from wmwatch.cli import app
 
 pytestmark = pytest.mark.spark
 
@@ -514,38 +517,66 @@ def test_prepare_replays_transformed_events_and_limits_columns(
     }
 
 
-def test_unsupported_sources_are_refused_with_what_is_supported(
+def test_a_source_that_cannot_be_read_again_is_counted_without_payload(
     spark: Any, stream_dir: Path
 ) -> None:
+    """A rate source cannot read a batch again: the audit still runs, counts what Spark dropped
+    from it batch by batch (Spark's own count), and says why the rows themselves are missing."""
+    import time
+
     from pyspark.sql import functions as F
 
-    events = (
-        spark.readStream.format("rate")
-        .option("rowsPerSecond", 1)
-        .load()
-        .withWatermark("timestamp", "5 seconds")
+    rate = spark.readStream.format("rate").option("rowsPerSecond", 40).load()
+    # every fifth row is 30 s behind the others: late once the watermark has moved
+    late = F.when(F.col("value") % 5 == 0, F.expr("INTERVAL 30 SECONDS")).otherwise(
+        F.expr("INTERVAL 0 SECONDS")
     )
+    events = rate.select("value", (F.col("timestamp") - late).alias("ts")).withWatermark(
+        "ts", "2 seconds"
+    )
+    db = stream_dir / "h.duckdb"
+    registry = CollectorRegistry()
+    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry)
     query = (
-        events.groupBy(F.window("timestamp", "10 seconds"))
+        events.groupBy(F.window("ts", "2 seconds"))
         .count()
         .writeStream.format("noop")
+        .queryName("rate_counts")
         .outputMode("append")
+        .trigger(processingTime="1 second")
         .option("checkpointLocation", str(stream_dir / "checkpoint"))
         .start()
     )
     try:
-        with (
-            wmwatch.attach(
-                spark,
-                db=str(stream_dir / "h.duckdb"),
-                metrics_port=None,
-                registry=CollectorRegistry(),
-            ) as watch,
-            pytest.raises(UnsupportedSourceError, match="json, csv, parquet"),
-        ):
-            watch.audit(query, events)
+        audit = watch.audit(query, events, poll_interval_seconds=0.2)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not dropped_by_watermark(query.recentProgress):
+            time.sleep(0.5)
     finally:
         query.stop()
+    try:
+        assert audit.sync(60), audit.status()
+        status = audit.status()
+        watch.flush(20)
+    finally:
+        watch.close()
+    dropped = dropped_by_watermark(query.recentProgress)
+    assert dropped > 0, "the scenario dropped nothing"
+    (only,) = status["inputs"]
+    assert "cannot be replayed batch by batch" in only["payload_missing"]
+    assert status["rows_without_payload"] == dropped
+    assert status["late_rows"] == 0 and status["errors"] == 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        (rows,) = con.execute("SELECT count(*) FROM late_rows").fetchone() or (None,)
+    assert rows == 0
+    result = CliRunner().invoke(app, ["report", "--db", str(db), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    (reported,) = json.loads(result.stdout)["queries"]
+    (missing,) = reported["late_rows"]["without_payload"]
+    assert missing["rows_dropped"] == dropped and missing["batches_uncounted"] == 0
+    assert "cannot be replayed" in missing["reason"]
+    text = CliRunner().invoke(app, ["report", "--db", str(db)], terminal_width=250)
+    assert "without payload" in text.stdout and "not read again" in text.stdout
 
 
 def test_query_without_late_drops_is_refused(spark: Any, stream_dir: Path) -> None:

@@ -46,7 +46,8 @@ from wmwatch._audit.checkpoint import (
 )
 from wmwatch._audit.predicates import OperatorSpec, batch_may_have_late_rows
 from wmwatch._audit.replay import Replayer, ReplayInput
-from wmwatch._audit.sinks import AuditHistory, BatchLateRows, LateRow
+from wmwatch._audit.sinks import AuditHistory, BatchLateRows, InputCount, LateRow
+from wmwatch._audit.source import UnreplayableSource
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError
 
@@ -71,6 +72,8 @@ class _BatchInfo:
 
     min_event_time_ms: int | None = None
     run_id: str | None = None
+    # Spark's numRowsDroppedByWatermark per stateful operator (its index in stateOperators)
+    dropped_by_operator: dict[int, int] | None = None
 
 
 @dataclass
@@ -100,6 +103,8 @@ class _Counters:
     kept_behind_watermark: int = 0
     # a real-time query's replays wait for a spare task slot
     waiting_for_slot: bool = False
+    # rows Spark dropped from inputs the audit cannot read again (its count, no payload)
+    rows_without_payload: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +186,13 @@ class Auditor:
         return self.replayer.inputs[0].spec if self.replayer.inputs else None
 
     def note_progress(
-        self, batch_id: int, min_event_time_ms: int | None, run_id: str | None, *, has_rows: bool
+        self,
+        batch_id: int,
+        min_event_time_ms: int | None,
+        run_id: str | None,
+        *,
+        has_rows: bool,
+        dropped_by_operator: dict[int, int] | None = None,
     ) -> None:
         with self._lock:
             info = self._progress.setdefault(batch_id, _BatchInfo())
@@ -190,6 +201,7 @@ class Auditor:
             if has_rows or info.run_id is None:
                 info.min_event_time_ms = min_event_time_ms if has_rows else info.min_event_time_ms
                 info.run_id = run_id
+                info.dropped_by_operator = dropped_by_operator
             if len(self._progress) > 10_000:
                 for old in sorted(self._progress)[:5_000]:
                     del self._progress[old]
@@ -224,6 +236,15 @@ class Auditor:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
+        for item in self.replayer.inputs:
+            if isinstance(item.source, UnreplayableSource):
+                log.warning(
+                    "wmwatch: audit of %s: source %d cannot be read again (%s); the rows Spark "
+                    "drops from it are counted from its progress, without their payload",
+                    self.label,
+                    item.source.source_index,
+                    item.source.reason,
+                )
         audited: list[int] = []
         if self.history is not None:
             self.history.drop_interrupted_replays()
@@ -311,6 +332,11 @@ class Auditor:
                         "kind": item.spec.kind,
                         "side": item.spec.side,
                         "event_time_column": item.spec.event_time_column,
+                        "payload_missing": (
+                            item.source.reason
+                            if isinstance(item.source, UnreplayableSource)
+                            else None
+                        ),
                     }
                     for item in self.replayer.inputs
                 ],
@@ -339,6 +365,7 @@ class Auditor:
                 "yield_seconds": c.yield_seconds,
                 "batches_lost": c.batches_lost,
                 "rows_kept_behind_watermark": c.kept_behind_watermark,
+                "rows_without_payload": c.rows_without_payload,
                 "waiting_for_task_slot": c.waiting_for_slot,
                 "last_lost_batch": c.last_lost_batch,
                 "last_lost_reason": c.last_lost_reason,
@@ -542,6 +569,9 @@ class Auditor:
             for item in self.replayer.inputs
             if (what := item.source.batch_input(self.checkpoint, batch_id)) is not None
         ]
+        unread = [i for i in self.replayer.inputs if isinstance(i.source, UnreplayableSource)]
+        if unread and info is None and self._progress_may_come(batch_id):
+            return False  # their count comes from this batch's progress
         if (
             reads
             and min_ms is None
@@ -567,7 +597,7 @@ class Auditor:
             nothing = BatchLateRows.nothing()
             if self.count_kept_behind:
                 nothing = replace(nothing, kept_behind_watermark=0)
-            self._record(batch_id, run_id, late_wm_ms, found=nothing)
+            self._record(batch_id, run_id, late_wm_ms, found=self._with_unread(nothing, info))
             return True
         if self.count_kept_behind and not self._real_time_slot_free():
             return False  # try again in a moment; batches go in order
@@ -586,8 +616,33 @@ class Auditor:
         self._last_replay_seconds = took
         with self._lock:
             self._counters.replay_seconds += took
-        self._record(batch_id, run_id, late_wm_ms, found=found)
+        self._record(batch_id, run_id, late_wm_ms, found=self._with_unread(found, info))
         return True
+
+    def _with_unread(self, found: BatchLateRows, info: _BatchInfo | None) -> BatchLateRows:
+        """Add the inputs that cannot be read again: Spark's count of what their operator
+        dropped in the batch, when that operator reads no other input (Spark counts all its
+        inputs together), else None."""
+        inputs = self.replayer.inputs
+        extra = []
+        for item in inputs:
+            if not isinstance(item.source, UnreplayableSource):
+                continue
+            op = item.spec.operator_index
+            alone = sum(1 for other in inputs if other.spec.operator_index == op) == 1
+            dropped = info.dropped_by_operator if info is not None else None
+            rows = dropped.get(op, 0) if dropped is not None and alone and op is not None else None
+            extra.append(
+                InputCount(
+                    op if op is not None else 0,
+                    item.spec.kind,
+                    item.spec.side,
+                    item.source.source_index,
+                    rows,
+                    payload_missing=item.source.reason,
+                )
+            )
+        return replace(found, by_input=found.by_input + tuple(extra)) if extra else found
 
     def _real_time_slot_free(self) -> bool:
         """Whether a replay may run beside a real-time query now.
@@ -695,8 +750,11 @@ class Auditor:
             c.late_rows += found.total
             c.kept_behind_watermark += found.kept_behind_watermark or 0
             for count in found.by_input:
+                if count.payload_missing is not None:
+                    c.rows_without_payload += count.rows or 0
+                    continue
                 key = (count.operator_index, count.kind, count.side)
-                c.by_operator[key] = c.by_operator.get(key, 0) + count.rows
+                c.by_operator[key] = c.by_operator.get(key, 0) + (count.rows or 0)
             if found.over_cap:
                 c.batches_over_cap += 1
                 c.late_rows_over_cap += found.over_cap

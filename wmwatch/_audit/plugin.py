@@ -92,6 +92,9 @@ class AuditPlugin(WatchPlugin):
                 to_epoch_ms(snapshot.event_time_min_at),
                 snapshot.run_id,
                 has_rows=bool(snapshot.input_rows),
+                dropped_by_operator={
+                    op.operator_id: op.rows_dropped_by_watermark or 0 for op in snapshot.operators
+                },
             )
 
     def on_query_terminated(self, event: QueryTerminated) -> None:

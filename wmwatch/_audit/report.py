@@ -136,6 +136,12 @@ def _seconds(value: float) -> str:
 
 # -- loading --------------------------------------------------------------------------------------
 
+# one entry of audit_batches.late_rows_by_input
+_INPUT_JSON = (
+    '[{"operator_index": "INTEGER", "kind": "VARCHAR", "side": "VARCHAR", '
+    '"source_index": "INTEGER", "rows": "BIGINT", "payload_missing": "VARCHAR"}]'
+)
+
 _LATE_COLUMNS = (
     "query_id",
     "batch_id",
@@ -246,7 +252,9 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
                    coalesce(sum(a.rows_over_cap) FILTER (WHERE a.overflow_location IS NULL), 0)
                        AS late_rows_not_kept,
                    count(*) FILTER (WHERE a.rows_over_cap > 0) AS batches_over_cap,
-                   sum(a.rows_kept_behind_watermark) AS rows_kept_behind_watermark
+                   sum(a.rows_kept_behind_watermark) AS rows_kept_behind_watermark,
+                   count(*) FILTER (WHERE a.late_rows_by_input LIKE '%payload_missing%')
+                       AS batches_without_payload
             FROM audit_batches a JOIN first_ids USING (query_id)
             WHERE a.batch_id >= first_ids.first_id
             GROUP BY a.query_id
@@ -272,7 +280,8 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
         params,
     )
     for qid, marks in counted.items():
-        if marks["late_rows_found"] and not any(row["query_id"] == qid for row in totals):
+        found = marks["late_rows_found"] or marks["batches_without_payload"]
+        if found and not any(row["query_id"] == qid for row in totals):
             # every late row of the query was over the cap and counted only
             totals.append(_no_rows_kept(qid))
     if not totals:
@@ -353,15 +362,14 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
             WITH first_ids AS (SELECT f[1] AS query_id, f[2]::BIGINT AS first_id
                                FROM (SELECT unnest($1::VARCHAR[][]) AS f)),
             inputs AS (
-                SELECT a.query_id, unnest(from_json(a.late_rows_by_input,
-                    '[{"operator_index": "INTEGER", "kind": "VARCHAR", "side": "VARCHAR",
-                       "source_index": "INTEGER", "rows": "BIGINT"}]')) AS i
+                SELECT a.query_id, unnest(from_json(a.late_rows_by_input, '{_INPUT_JSON}')) AS i
                 FROM audit_batches a JOIN first_ids USING (query_id)
                 WHERE a.batch_id >= first_ids.first_id AND a.late_rows_by_input IS NOT NULL)
             SELECT query_id, i.operator_index AS operator_index, i.kind AS kind, i.side AS side,
                    sum(i.rows) AS late_rows
-            FROM inputs GROUP BY ALL ORDER BY query_id, operator_index, side NULLS FIRST
-            """,
+            FROM inputs WHERE i.payload_missing IS NULL
+            GROUP BY ALL ORDER BY query_id, operator_index, side NULLS FIRST
+            """.replace("{_INPUT_JSON}", _INPUT_JSON),
             (first_ids,),
         ),
         lambda r: {
@@ -369,6 +377,33 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
             "kind": r["kind"],
             "side": r["side"],
             "late_rows": int(r["late_rows"]),
+        },
+    )
+    # inputs the audit could not read again: Spark's count of what their operator dropped
+    without_payload = grouped(
+        named_rows(
+            con,
+            """
+            WITH first_ids AS (SELECT f[1] AS query_id, f[2]::BIGINT AS first_id
+                               FROM (SELECT unnest($1::VARCHAR[][]) AS f)),
+            inputs AS (
+                SELECT a.query_id, unnest(from_json(a.late_rows_by_input, '{_INPUT_JSON}')) AS i
+                FROM audit_batches a JOIN first_ids USING (query_id)
+                WHERE a.batch_id >= first_ids.first_id AND a.late_rows_by_input IS NOT NULL)
+            SELECT query_id, i.source_index AS source_index, i.operator_index AS operator_index,
+                   any_value(i.payload_missing) AS reason, sum(i.rows) AS rows,
+                   count(*) FILTER (WHERE i.rows IS NULL) AS batches_uncounted
+            FROM inputs WHERE i.payload_missing IS NOT NULL
+            GROUP BY ALL ORDER BY query_id, source_index
+            """.replace("{_INPUT_JSON}", _INPUT_JSON),
+            (first_ids,),
+        ),
+        lambda r: {
+            "source_index": r["source_index"],
+            "operator_index": r["operator_index"],
+            "reason": r["reason"],
+            "rows_dropped": as_int(r["rows"]),
+            "batches_uncounted": int(r["batches_uncounted"]),
         },
     )
     # the join keys whose matches the late rows lost, per side (rows that were kept)
@@ -422,6 +457,7 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
             "top_sources": sources.get(qid, []),
             "by_operator": by_operator.get(qid, []),
             "lost_matches": lost_matches.get(qid, []),
+            "without_payload": without_payload.get(qid, []),
             "missing_parquet_locations": missing,
         }
     for qid, entry in result.items():
@@ -492,6 +528,20 @@ def render_late_rows(data: Mapping[str, Any]) -> Table:
             f"{data['rows_kept_behind_watermark']:,} rows kept although the watermark their "
             "batch reported had passed them (judged against the batch before's); a shorter "
             "checkpoint interval would have dropped them",
+        )
+    for missing in data.get("without_payload") or []:
+        counted = missing["rows_dropped"]
+        table.add_row(
+            "without payload",
+            f"source {missing['source_index']}: "
+            + (f"{counted:,} dropped (Spark's count) " if counted is not None else "")
+            + f"[yellow]not read again[/]: {missing['reason']}"
+            + (
+                f" ({missing['batches_uncounted']:,} batches uncounted: Spark counts its "
+                "operator's inputs together, or the batch's progress was not seen)"
+                if missing["batches_uncounted"]
+                else ""
+            ),
         )
     operators = data.get("by_operator") or []
     if len(operators) > 1 or any(o["side"] for o in operators):

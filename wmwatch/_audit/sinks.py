@@ -59,16 +59,22 @@ class InputCount:
     kind: str
     side: str | None
     source_index: int
-    rows: int
+    rows: int | None
+    # why this input's rows could not be read again; rows is then Spark's own count of what its
+    # operator dropped (None where Spark's count covers other inputs too, or is unknown)
+    payload_missing: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "operator_index": self.operator_index,
             "kind": self.kind,
             "side": self.side,
             "source_index": self.source_index,
             "rows": self.rows,
         }
+        if self.payload_missing is not None:
+            out["payload_missing"] = self.payload_missing
+        return out
 
 
 @dataclass(frozen=True)

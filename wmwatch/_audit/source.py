@@ -214,3 +214,22 @@ class FileBatchSource:
             options["basePath"] = src.paths[0]
         raw = reader.options(**options).load(list(what))
         return raw.withColumn(SOURCE_FILE_COL, F.col("_metadata.file_path"))
+
+
+@dataclass(frozen=True, slots=True)
+class UnreplayableSource:
+    """A source that cannot read a batch again (rate, socket, a stream that drops committed
+    rows): nothing is replayed; the audit counts what Spark dropped from it instead."""
+
+    index: int
+    reason: str
+
+    @property
+    def source_index(self) -> int:
+        return self.index
+
+    def batch_input(self, checkpoint: CheckpointReader, batch_id: int) -> Any | None:
+        return None
+
+    def read(self, spark: Any, what: Any) -> Any:
+        raise AuditError(f"source {self.index} cannot be read again: {self.reason}")

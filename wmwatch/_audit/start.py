@@ -29,6 +29,7 @@ from wmwatch._audit.source import (
     BatchSource,
     FileBatchSource,
     FileSourceSpec,
+    UnreplayableSource,
     file_source_of,
     relation_of,
     relation_position,
@@ -37,7 +38,7 @@ from wmwatch._audit.source import (
 )
 from wmwatch._core.plugins import WatchContext
 from wmwatch._core.sessions import is_connect
-from wmwatch._errors import AuditError, ConfigError
+from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 from wmwatch._progress import query_label
 from wmwatch._trigger import read_trigger
 
@@ -136,6 +137,21 @@ def _source_of(
     )
 
 
+def _unreplayable(
+    frame: Any, query_plan: Any, exc: UnsupportedSourceError
+) -> tuple[list[int], Callable[[int], BatchSource], str]:
+    """A source the audit cannot read again (classic PySpark, where its position is known)."""
+    if query_plan is None or isinstance(query_plan, connect.ConnectQuery):
+        raise exc
+    relation = relation_of(frame)
+    reason = str(exc).split(";", 1)[0]
+    return (
+        relation_position(query_plan, relation),
+        lambda index: UnreplayableSource(index, reason),
+        f"a source that cannot be read again ({reason})",
+    )
+
+
 def _file_source_at(files: FileSourceSpec) -> Callable[[int], BatchSource]:
     return lambda index: FileBatchSource(replace(files, source_index=index))
 
@@ -173,7 +189,11 @@ def _replay_inputs(
     taken: set[int] = set()
     inputs: list[ReplayInput] = []
     for position, (frame, prepare) in enumerate(zip(events, prepares, strict=True)):
-        found, make_source, what = _source_of(spark, frame, prepare, query_plan, plan_text)
+        try:
+            found, make_source, what = _source_of(spark, frame, prepare, query_plan, plan_text)
+        except UnsupportedSourceError as exc:
+            # audited without its rows: what Spark dropped from it is counted from progress
+            found, make_source, what = _unreplayable(frame, query_plan, exc)
         candidates = [i for i in found if i not in taken]
         if not candidates:
             raise AuditError(
