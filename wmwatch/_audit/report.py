@@ -142,6 +142,14 @@ _INPUT_JSON = (
     '"source_index": "INTEGER", "rows": "BIGINT", "payload_missing": "VARCHAR"}]'
 )
 
+# every input entry of the markers in scope ($1: [query id, first batch id] pairs)
+_INPUTS = f"""WITH first_ids AS (SELECT f[1] AS query_id, f[2]::BIGINT AS first_id
+                               FROM (SELECT unnest($1::VARCHAR[][]) AS f)),
+            inputs AS (
+                SELECT a.query_id, unnest(from_json(a.late_rows_by_input, '{_INPUT_JSON}')) AS i
+                FROM audit_batches a JOIN first_ids USING (query_id)
+                WHERE a.batch_id >= first_ids.first_id AND a.late_rows_by_input IS NOT NULL)"""
+
 _LATE_COLUMNS = (
     "query_id",
     "batch_id",
@@ -359,17 +367,12 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
         named_rows(
             con,
             """
-            WITH first_ids AS (SELECT f[1] AS query_id, f[2]::BIGINT AS first_id
-                               FROM (SELECT unnest($1::VARCHAR[][]) AS f)),
-            inputs AS (
-                SELECT a.query_id, unnest(from_json(a.late_rows_by_input, '{_INPUT_JSON}')) AS i
-                FROM audit_batches a JOIN first_ids USING (query_id)
-                WHERE a.batch_id >= first_ids.first_id AND a.late_rows_by_input IS NOT NULL)
+            {_INPUTS}
             SELECT query_id, i.operator_index AS operator_index, i.kind AS kind, i.side AS side,
                    sum(i.rows) AS late_rows
             FROM inputs WHERE i.payload_missing IS NULL
             GROUP BY ALL ORDER BY query_id, operator_index, side NULLS FIRST
-            """.replace("{_INPUT_JSON}", _INPUT_JSON),
+            """.replace("{_INPUTS}", _INPUTS),
             (first_ids,),
         ),
         lambda r: {
@@ -384,18 +387,13 @@ def load_late_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, An
         named_rows(
             con,
             """
-            WITH first_ids AS (SELECT f[1] AS query_id, f[2]::BIGINT AS first_id
-                               FROM (SELECT unnest($1::VARCHAR[][]) AS f)),
-            inputs AS (
-                SELECT a.query_id, unnest(from_json(a.late_rows_by_input, '{_INPUT_JSON}')) AS i
-                FROM audit_batches a JOIN first_ids USING (query_id)
-                WHERE a.batch_id >= first_ids.first_id AND a.late_rows_by_input IS NOT NULL)
+            {_INPUTS}
             SELECT query_id, i.source_index AS source_index, i.operator_index AS operator_index,
                    any_value(i.payload_missing) AS reason, sum(i.rows) AS rows,
                    count(*) FILTER (WHERE i.rows IS NULL) AS batches_uncounted
             FROM inputs WHERE i.payload_missing IS NOT NULL
             GROUP BY ALL ORDER BY query_id, source_index
-            """.replace("{_INPUT_JSON}", _INPUT_JSON),
+            """.replace("{_INPUTS}", _INPUTS),
             (first_ids,),
         ),
         lambda r: {
