@@ -41,6 +41,11 @@ def rt(spark: Any, tmp_path: Path) -> Iterator[RealTimeRun]:
     handle.stop()
 
 
+def _late_watermark_read(plugin: PlanPlugin, name: str) -> bool:
+    operators = plugin.summary().get(name, {}).get("operators") or []
+    return any(op["late_watermark_at"] is not None for op in operators)
+
+
 def run_audited(rt: RealTimeRun, build: Any, tmp_path: Path) -> dict[str, Any]:
     """Start ``build(events)`` in real-time mode with the watch and the audit; feed it a row,
     then a late row in the first batch after the watermark moved, then one in the next."""
@@ -60,9 +65,12 @@ def run_audited(rt: RealTimeRun, build: Any, tmp_path: Path) -> dict[str, Any]:
         rt.wait_for(lambda p: p["batchId"] == b + 2)
         # one more batch, so that the plan's watermarks are read while the query runs
         rt.wait_for(lambda p: p["batchId"] == b + 3)
-        # the audit reaches batch b+1 (it may hold rows kept behind the watermark) and waits
+        # the audit reaches batch b+1 (it may hold rows kept behind the watermark) and waits,
+        # and the plan's late-row watermark (90 s from batch b+2 on) has been read
         deadline = time.monotonic() + 60
-        while not audit.status()["waiting_for_task_slot"] and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (
+            audit.status()["waiting_for_task_slot"] and _late_watermark_read(plugin, rt.name)
+        ):
             time.sleep(0.2)
         during = audit.status()
         assert rt.query.isActive and rt.query.exception() is None
@@ -105,6 +113,9 @@ def run_audited(rt: RealTimeRun, build: Any, tmp_path: Path) -> dict[str, Any]:
             "SELECT DISTINCT trigger, trigger_interval_ms FROM queries"
         ).fetchall()
     result["report"] = CliRunner().invoke(app, ["report", "--db", str(db), "--format", "json"])
+    result["html"] = CliRunner().invoke(
+        app, ["report", "--db", str(db), "--format", "html", "--output", "-"]
+    )
     return result
 
 
@@ -156,6 +167,9 @@ def check(result: dict[str, Any], kind: str, operator: str) -> None:
     assert costs["state_interval_share"] == pytest.approx(1 / 3)
     assert "checkpoint interval 5.0s" in costs["text"]
     assert query[LATE_ROWS]["rows_kept_behind_watermark"] == 1
+    assert result["html"].exit_code == 0, result["html"].output
+    assert "real time, batches of 5.0s" in result["html"].stdout
+    assert "Real-time mode, checkpoint interval 5.0s" in result["html"].stdout
 
 
 def test_real_time_aggregation_is_audited_batch_by_batch(

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from wmwatch._report.model import Report
-from wmwatch._report.render import format_bytes
+from wmwatch._report.render import format_bytes, trigger_text
 from wmwatch._section import QuerySummary
 from wmwatch._time import format_at, format_duration
 
@@ -117,8 +117,12 @@ def render_html(report: Report, histories: Mapping[str, QueryHistory]) -> str:
 
 def _summary(s: QuerySummary) -> str:
     rows: list[tuple[str, str]] = [
-        ("status", s.status + (f" ({s.error_class})" if s.error_class else ""))
+        ("status", s.status + (f" ({s.error_class})" if s.error_class else "")),
+        ("trigger", trigger_text(s)),
     ]
+    real_time = (s.sections.get("watermarks") or {}).get("real_time")
+    if real_time:
+        rows.append(("real-time mode", real_time["text"]))
     if s.exception:
         rows.append(("exception", s.exception))
     if not s.batches:

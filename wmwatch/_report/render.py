@@ -129,7 +129,8 @@ def render_table(report: Report, console: Console) -> None:
         )
 
 
-def _trigger_text(summary: QuerySummary) -> str:
+def trigger_text(summary: QuerySummary) -> str:
+    """How the query triggers batches, for people: "real time, batches of 5.0s"."""
     text = summary.trigger.replace("_", " ")
     if summary.trigger_interval_seconds is not None:
         every = format_duration(summary.trigger_interval_seconds)
@@ -148,7 +149,7 @@ def _core_table(summary: QuerySummary) -> Table:
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
     table.add_row("status", status)
-    table.add_row("trigger", _trigger_text(summary))
+    table.add_row("trigger", trigger_text(summary))
     if summary.exception:
         table.add_row("exception", f"[red]{summary.exception}[/]")
     if summary.batches == 0:
