@@ -195,3 +195,27 @@ def test_purged_offsets_make_a_batch_unauditable(checkpoint: Path) -> None:
 def test_remote_checkpoint_needs_a_filesystem() -> None:
     with pytest.raises(AuditError, match="not on a local filesystem"):
         CheckpointReader("s3a://bucket/ck")
+
+
+def test_the_connect_checkpoint_cache_is_bounded_in_entries_and_size() -> None:
+    from wmwatch._audit.connect import TextCache
+
+    cache = TextCache(max_entries=3, max_chars=100)
+    for i in range(5):
+        cache.put(f"offsets/{i}", "x" * 10)
+    # the oldest two went; the newest three are kept
+    assert len(cache) == 3 and cache.get("offsets/0") is None and cache.get("offsets/4") == "x" * 10
+    # a large text (a compacted source log) is not kept and pushes nothing out
+    cache.put("sources/0/9.compact", "y" * 26)
+    assert cache.get("sources/0/9.compact") is None and len(cache) == 3
+    # texts under the entry cap still leave, oldest first, when their total passes the size cap
+    sized = TextCache(max_entries=100, max_chars=100)
+    for name in ("a", "b", "c", "d"):
+        sized.put(name, "z" * 25)
+    sized.get("a")  # used last: kept
+    sized.put("e", "z" * 25)
+    assert sized.chars == 100 and len(sized) == 4
+    assert sized.get("b") is None and sized.get("a") == "z" * 25
+    # a key put again replaces its text and its size
+    sized.put("e", "w")
+    assert sized.get("e") == "w" and sized.chars == 76

@@ -37,7 +37,10 @@ _COMPLETE_MODE = re.compile(r"StateStoreSave\b[^\n]*\bComplete\b")
 _FILE_SOURCE = re.compile(r"^FileStreamSource\[(.*)\]$")
 # a checkpoint's small files that never change once written (offsets and the sources log)
 _IMMUTABLE = re.compile(r"/(offsets|sources/\d+)/\d+(\.compact)?$")
+# the cache's bounds: a compacted source log lists every file the stream ever read, so one
+# entry can be large; such an entry is read again each time rather than kept
 _CACHE_ENTRIES = 256
+_CACHE_CHARS = 16 * 2**20
 _PROGRESS_WAIT_SECONDS = 60.0
 
 
@@ -219,19 +222,57 @@ def python_source_of(events: Any, relation: Any) -> PythonSourceSpec:
     )
 
 
+class TextCache:
+    """The most recently used texts, bounded in entries and in total characters. A text over a
+    quarter of the total is not kept, so one large file cannot push every other entry out."""
+
+    def __init__(self, *, max_entries: int, max_chars: int) -> None:
+        self._max_entries = max_entries
+        self._max_chars = max_chars
+        self._texts: OrderedDict[str, str] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> str | None:
+        with self._lock:
+            text = self._texts.get(key)
+            if text is not None:
+                self._texts.move_to_end(key)
+            return text
+
+    def put(self, key: str, text: str) -> None:
+        if len(text) > self._max_chars // 4:
+            return
+        with self._lock:
+            old = self._texts.pop(key, None)
+            if old is not None:
+                self._chars -= len(old)
+            self._texts[key] = text
+            self._chars += len(text)
+            while len(self._texts) > self._max_entries or self._chars > self._max_chars:
+                _, dropped = self._texts.popitem(last=False)
+                self._chars -= len(dropped)
+
+    @property
+    def chars(self) -> int:
+        return self._chars
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+
 class SessionFileSystem:
     """A checkpoint on the filesystem the Spark Connect server sees, read through the session.
 
     Listing goes through a file index (an analysis request, no Spark job); each small file is
     read by one Spark job, bounded in time. Offsets and source-log files never change once
-    written, so their text is kept (the last few hundred).
+    written, so their text is kept (the last few hundred, bounded in size).
     """
 
     def __init__(self, spark: Any, *, timeout_seconds: float) -> None:
         self._spark = spark
         self._timeout = timeout_seconds
-        self._cache: OrderedDict[str, str] = OrderedDict()
-        self._lock = threading.Lock()
+        self._cache = TextCache(max_entries=_CACHE_ENTRIES, max_chars=_CACHE_CHARS)
 
     def _missing(self, exc: Exception) -> bool:
         text = str(exc)
@@ -253,10 +294,9 @@ class SessionFileSystem:
         return names
 
     def read_text(self, path: str) -> str | None:
-        with self._lock:
-            if path in self._cache:
-                self._cache.move_to_end(path)
-                return self._cache[path]
+        cached = self._cache.get(path)
+        if cached is not None:
+            return cached
         try:
             with bounded_job(
                 self._spark,
@@ -270,10 +310,7 @@ class SessionFileSystem:
             raise
         text = "".join(str(r[0]) for r in rows)
         if _IMMUTABLE.search(path):
-            with self._lock:
-                self._cache[path] = text
-                while len(self._cache) > _CACHE_ENTRIES:
-                    self._cache.popitem(last=False)
+            self._cache.put(path, text)
         return text
 
     def mtime_seconds(self, path: str) -> float | None:
