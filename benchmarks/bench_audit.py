@@ -273,7 +273,11 @@ def main() -> None:
         default=None,
         help="run one part",
     )
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes, one repeat (CI)")
     args = parser.parse_args()
+    if args.tiny:
+        args.files, args.rows, args.repeats = 2, 400, 1
+        args.rate_rows, args.storm_rows = 1_000, 2_000
     if args.only == "storm":
         storm(args.storm_rows)
         return

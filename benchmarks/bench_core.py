@@ -329,6 +329,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes, one round (CI)")
     parser.add_argument(
         "--rounds",
         type=int,
@@ -340,7 +341,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="wmwatch-bench-"))
     spark = session()
     try:
-        cost = bench_event_cost(spark, work, events=20 if args.quick else 60)
+        cost = bench_event_cost(spark, work, events=5 if args.tiny else 20 if args.quick else 60)
         print(
             f"1. per progress event: stock listener (no-op) {cost['stock_ms']:.2f} ms, "
             f"wmwatch callback {cost['wmwatch_callback_ms']:.2f} ms "
@@ -350,8 +351,8 @@ def main() -> None:
         tp = bench_throughput(
             spark,
             work,
-            files=40 if args.quick else 80,
-            rounds=args.rounds or (2 if args.quick else 8),
+            files=6 if args.tiny else 40 if args.quick else 80,
+            rounds=args.rounds or (1 if args.tiny else 2 if args.quick else 8),
         )
         print(
             f"2. throughput ({tp['runs']} runs alternated): "
@@ -364,7 +365,7 @@ def main() -> None:
             f"median {tp['plan_read_ms']:.1f} ms"
         )
         print_cpu(tp)
-        fr = bench_freshness(spark, work, seconds=10 if args.quick else 30)
+        fr = bench_freshness(spark, work, seconds=4 if args.tiny else 10 if args.quick else 30)
         print(
             f"3. freshness over {fr['batches']} batches "
             f"({fr['batches_per_second']:.1f} batches/s): "

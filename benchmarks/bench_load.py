@@ -7,7 +7,10 @@ fast as possible (what the worker sustains). Last, the worker's cost per event, 
 (decode and parse, query book, history rows, plan plugin hook), without threads or I/O. The
 Spark-level figures (20 real queries in one local[2] session) come from tests/test_load.py.
 
-    python benchmarks/bench_load.py [--seconds 10] [--rates 500,1000,2000,4000]
+    python benchmarks/bench_load.py [--seconds 10] [--rates 500,1000,2000,4000] [--tiny]
+
+``--tiny`` (what CI runs): half a second at one rate and a short per-event pass; it shows the
+benchmark still works, and its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ def per_event_costs(events: int = 5000) -> dict[str, float]:
 
     class _NoQueries:
         store = None
+        spark = None
 
         def get_query(self, query_id: str) -> None:
             return None
@@ -147,7 +151,10 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rates", default="500,1000,2000,4000")
+    parser.add_argument("--tiny", action="store_true", help="one short rate (CI)")
     args = parser.parse_args()
+    if args.tiny:
+        args.seconds, args.rates = 0.5, "500"
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         print(
@@ -165,7 +172,7 @@ def main() -> None:
                 f"{label:>10} {r['handled']:>8} {r['dropped']:>8} {r['handled_per_second']:>10.0f} "
                 f"{r['queue_max']:>9} {r['rss_before'] / 1e6:>6.1f}->{r['rss_after'] / 1e6:<6.1f}"
             )
-    costs = per_event_costs()
+    costs = per_event_costs(200 if args.tiny else 5000)
     print("\nper progress event on the worker (the progress above, compact, best of 3):")
     for step, micros in costs.items():
         print(f"  {step:<18} {micros:>7.1f} us")

@@ -151,7 +151,10 @@ def main() -> None:
     parser.add_argument("--modes", default="FIFO,FAIR")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--base", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes, FIFO only (CI)")
     args = parser.parse_args()
+    if args.tiny:
+        args.files, args.rows, args.repeats, args.modes = 2, 400, 1, "FIFO"
     if args.child:
         child(args.child, Path(args.base), args.repeats)
         return

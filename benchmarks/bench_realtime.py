@@ -147,7 +147,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=400.0)
     parser.add_argument("--late", type=float, default=0.01)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--tiny", action="store_true", help="one short run each way (CI)")
     args = parser.parse_args()
+    if args.tiny:
+        args.seconds, args.rate, args.repeats = 12.0, 50.0, 1
     print_machine()
     from pyspark.sql import SparkSession
 
@@ -183,7 +186,8 @@ def main() -> None:
         ("latency_p95_seconds", "latency p95 (s)"),
     ):
         off, on = mean("off", key), mean("on", key)
-        print(f"  {label:26s} off {off:10.3f}  on {on:10.3f}  on/off {on / off:5.2f}")
+        ratio = on / off if off else float("nan")  # a run too short to emit has no ratio
+        print(f"  {label:26s} off {off:10.3f}  on {on:10.3f}  on/off {ratio:5.2f}")
     failures = [r["failed"] for rs in results.values() for r in rs if r["failed"]]
     print(f"  query failures: {len(failures)}")
 

@@ -146,7 +146,7 @@ class Auditor:
         self._resolved = threading.Event()
         if checkpoint is not None:
             self._resolved.set()
-        self.checkpoint: CheckpointReader = checkpoint  # type: ignore[assignment]
+        self.checkpoint: CheckpointReader = checkpoint  # type: ignore[assignment]  # None until resolved
         self.sink = sink
         self.replayer = replayer
         self.history = history

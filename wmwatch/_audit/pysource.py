@@ -91,7 +91,7 @@ def initial_offset(spec: PythonSourceSpec) -> str:
 
     schema = StructType.fromJson(json.loads(spec.schema_json))
     replay = _replay_class(spec, _replay_name(spec))
-    reader, _ = replay.stream_reader(dict(spec.options), schema)  # type: ignore[attr-defined]
+    reader, _ = replay.stream_reader(dict(spec.options), schema)  # type: ignore[attr-defined]  # class built at run time
     return json.dumps(reader.initialOffset())
 
 

@@ -545,9 +545,9 @@ def _time_axis(ax: Axes, which: str, label: str) -> None:
     import matplotlib.dates as mdates
 
     axis = ax.xaxis if which == "x" else ax.yaxis
-    locator = mdates.AutoDateLocator(tz=dt.UTC, maxticks=8)  # type: ignore[no-untyped-call]
+    locator = mdates.AutoDateLocator(tz=dt.UTC, maxticks=8)  # type: ignore[no-untyped-call]  # unannotated in matplotlib
     axis.set_major_locator(locator)
-    formatter = mdates.ConciseDateFormatter(locator, tz=dt.UTC)  # type: ignore[no-untyped-call]
+    formatter = mdates.ConciseDateFormatter(locator, tz=dt.UTC)  # type: ignore[no-untyped-call]  # unannotated in matplotlib
     axis.set_major_formatter(formatter)
     axis.axis_date(tz=dt.UTC)
     (ax.set_xlabel if which == "x" else ax.set_ylabel)(label)
