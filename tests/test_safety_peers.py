@@ -108,12 +108,17 @@ def test_half_sent_requests_hold_bounded_threads_while_a_scrape_answers(
             body = urllib.request.urlopen(server.url, timeout=5).read()
             assert b"wmwatch_test_value 42.0" in body
             most_threads = max(most_threads, threading.active_count())
-        assert most_threads - before <= 2 * MAX_CONNECTIONS
+        # at most 2 * MAX_CONNECTIONS connections (see wmwatch._metrics.connections), plus a
+        # few threads that let go of theirs and are ending; before the cap it was one per peer
+        assert most_threads - before <= 2 * MAX_CONNECTIONS + 8
         assert server.connections.count() <= 2 * MAX_CONNECTIONS
         assert server.connections.evicted_total >= 250 - MAX_CONNECTIONS
         # closing with the peers still connected
         assert close_within(server, CLOSE_TIMEOUT_SECONDS + 5) < CLOSE_TIMEOUT_SECONDS
     assert server.connections.count() == 0
+    deadline = time.monotonic() + 5
+    while connection_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)  # evicted threads end moments after they let go of their connection
     assert connection_threads() == 0
 
 

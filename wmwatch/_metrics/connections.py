@@ -123,10 +123,13 @@ class Connections:
                     _shut(connection)
                     self.timed_out_total += 1
 
-    def timed_out(self) -> None:
-        """A read or write on a connection took longer than ``request_timeout_seconds``."""
+    def timed_out(self, connection: _Connection) -> None:
+        """A read or write took longer than ``request_timeout_seconds``: counted once, even
+        when :meth:`close_overdue` finds the connection at the same moment."""
         with self._lock:
-            self.timed_out_total += 1
+            if connection.open:
+                connection.open = False
+                self.timed_out_total += 1
 
     def release(self, connection: _Connection) -> None:
         """Forget a connection whose thread is done with it, and close its socket."""
@@ -224,7 +227,7 @@ class BoundedServer(ThreadingWSGIServer):
                 self.connections.wrap(connection, self.tls).do_handshake()
             self.finish_request(connection.sock, client_address)
         except TimeoutError:
-            self.connections.timed_out()
+            self.connections.timed_out(connection)
         except Exception as exc:  # noqa: BLE001 - a peer's failure ends its connection only
             log.debug("wmwatch: metrics connection from %s ended: %r", client_address, exc)
         finally:
