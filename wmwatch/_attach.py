@@ -30,6 +30,7 @@ from wmwatch._core.state import QueryBook, QueryState
 from wmwatch._core.worker import Worker
 from wmwatch._errors import ConfigError, WmwatchError
 from wmwatch._metrics.collector import WatchCollector
+from wmwatch._metrics.connections import Connections
 from wmwatch._metrics.exporter import MetricsServer, serve_metrics
 from wmwatch._progress import ProgressSnapshot
 
@@ -80,6 +81,7 @@ class Watch:
             queue_capacity=options.queue_capacity,
             store_health=(lambda: store.health) if store is not None else None,
             plugins=self.plugins,
+            endpoint_connections=self._endpoint_connections,
         )
         self.registry.register(self._collector)
 
@@ -198,6 +200,10 @@ class Watch:
                 )
             )
         return plugins
+
+    def _endpoint_connections(self) -> Connections | None:
+        server = self.metrics_server
+        return server.connections if server is not None else None
 
     # -- public surface ----------------------------------------------------------------------
 

@@ -146,6 +146,15 @@ class Connections:
                     _shut(connection)
             return [c.thread for c in self._connections if c.thread is not None]
 
+    def closed_totals(self) -> dict[str, int]:
+        """Connections the endpoint closed, by reason (the ``reason`` label of its metric)."""
+        with self._lock:
+            return {
+                "refused": self.refused_total,
+                "evicted": self.evicted_total,
+                "timed_out": self.timed_out_total,
+            }
+
     def count(self) -> int:
         """Connections whose thread has not ended yet."""
         with self._lock:
