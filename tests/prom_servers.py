@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import ssl
 import subprocess
 import threading
 import time
@@ -32,14 +33,20 @@ def require(binary: str) -> str:
 
 
 def _wait_ready(
-    url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 30.0
+    url: str,
+    process: subprocess.Popen[bytes],
+    log: Path,
+    timeout: float = 30.0,
+    probe: Probe | None = None,
 ) -> None:
     deadline = time.monotonic() + timeout
+    probe = probe or Probe()
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise AssertionError(f"{url} exited early:\n{log.read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(url, timeout=1) as response:
+            request = urllib.request.Request(url, headers=probe.headers)
+            with urllib.request.urlopen(request, timeout=1, context=probe.context) as response:
                 if response.status == 200:
                     return
         except OSError:
@@ -47,12 +54,22 @@ def _wait_ready(
     raise AssertionError(f"{url} not ready after {timeout}s:\n{log.read_text()[-3000:]}")
 
 
+@dataclass
+class Probe:
+    """How to reach a server that asks for credentials: its CA, an Authorization header."""
+
+    context: ssl.SSLContext | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
 @contextmanager
-def _process(args: list[str], ready_url: str, log: Path) -> Iterator[None]:
+def _process(
+    args: list[str], ready_url: str, log: Path, probe: Probe | None = None
+) -> Iterator[None]:
     with log.open("wb") as out:
         process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait_ready(ready_url, process, log)
+        _wait_ready(ready_url, process, log, probe=probe)
         yield
     finally:
         process.terminate()
@@ -64,12 +81,26 @@ def _process(args: list[str], ready_url: str, log: Path) -> Iterator[None]:
 
 
 @contextmanager
-def pushgateway(workdir: Path) -> Iterator[str]:
-    """A real Pushgateway on a free loopback port; yields its base URL."""
+def pushgateway(
+    workdir: Path, web_config: dict[str, Any] | None = None, probe: Probe | None = None
+) -> Iterator[str]:
+    """A real Pushgateway on a free loopback port, in memory only; yields its base URL.
+
+    ``web_config``: its ``--web.config.file`` (TLS, basic auth), with ``probe`` to reach it;
+    the URL is https:// when it has ``tls_server_config``."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    args = [require(PUSHGATEWAY), f"--web.listen-address=127.0.0.1:{port}"]
-    with _process(args, f"{url}/-/ready", workdir / "pushgateway.log"):
+    scheme = "https" if web_config and "tls_server_config" in web_config else "http"
+    url = f"{scheme}://127.0.0.1:{port}"
+    args = [
+        require(PUSHGATEWAY),
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--persistence.file=",  # never the system's /var/lib file, shared by every run
+    ]
+    if web_config is not None:
+        config = workdir / "pushgateway-web.yml"
+        config.write_text(json.dumps(web_config))  # JSON is YAML
+        args.append(f"--web.config.file={config}")
+    with _process(args, f"{url}/-/ready", workdir / "pushgateway.log", probe):
         yield url
 
 

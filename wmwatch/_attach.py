@@ -30,6 +30,7 @@ from wmwatch._core.state import QueryBook, QueryState
 from wmwatch._core.worker import Worker
 from wmwatch._errors import ConfigError, WmwatchError
 from wmwatch._metrics.collector import WatchCollector
+from wmwatch._metrics.connections import Connections
 from wmwatch._metrics.exporter import MetricsServer, serve_metrics
 from wmwatch._progress import ProgressSnapshot
 
@@ -80,6 +81,7 @@ class Watch:
             queue_capacity=options.queue_capacity,
             store_health=(lambda: store.health) if store is not None else None,
             plugins=self.plugins,
+            endpoint_connections=self._endpoint_connections,
         )
         self.registry.register(self._collector)
 
@@ -97,7 +99,13 @@ class Watch:
             except WmwatchError as exc:
                 self._problem(exc)
 
-        for plugin in self._default_plugins(options):
+        try:
+            default_plugins = self._default_plugins(options)
+        except BaseException:
+            # a misconfigured plugin must not keep the port or the history file from a retry
+            self._teardown_partial()
+            raise
+        for plugin in default_plugins:
             self.add_plugin(plugin)
         for plugin in options.plugins:
             self.add_plugin(plugin)
@@ -180,8 +188,22 @@ class Watch:
         if options.pushgateway:
             from wmwatch._metrics.push import PushPlugin
 
-            plugins.append(PushPlugin(self, options.pushgateway, job=options.push_job))
+            plugins.append(
+                PushPlugin(
+                    self,
+                    options.pushgateway,
+                    job=options.push_job,
+                    basic_auth=options.push_basic_auth,
+                    cafile=options.push_cafile,
+                    certfile=options.push_certfile,
+                    keyfile=options.push_keyfile,
+                )
+            )
         return plugins
+
+    def _endpoint_connections(self) -> Connections | None:
+        server = self.metrics_server
+        return server.connections if server is not None else None
 
     # -- public surface ----------------------------------------------------------------------
 
@@ -299,6 +321,10 @@ def attach(
     state_budget_bytes: int | None = None,
     pushgateway: str | None = None,
     push_job: str = "wmwatch",
+    push_basic_auth: tuple[str, str] | None = None,
+    push_cafile: str | None = None,
+    push_certfile: str | None = None,
+    push_keyfile: str | None = None,
 ) -> Watch:
     """Watch every streaming query of ``spark``, including ones already running.
 
@@ -312,6 +338,9 @@ def attach(
     over that interval (a slow or busy machine), flushes are spaced out to keep to that share.
     ``retention_days``: delete older history.
     ``pushgateway``: ``host:port`` to push to, for jobs that end before a scrape.
+    ``push_basic_auth``: ``(user, password)`` for the Pushgateway; ``push_cafile``: the CA that
+    signed its certificate (https; default the system's CAs); ``push_certfile`` and
+    ``push_keyfile``: a client certificate.
 
     One watch per session: on a session that already has a live watch, ``attach`` returns it
     (and warns about options that differ from its own); ``close()`` it first to attach anew.
@@ -335,6 +364,10 @@ def attach(
         state_budget_bytes=state_budget_bytes,
         pushgateway=pushgateway,
         push_job=push_job,
+        push_basic_auth=push_basic_auth,
+        push_cafile=push_cafile,
+        push_certfile=push_certfile,
+        push_keyfile=push_keyfile,
     )
     requested = options.as_requested()
 

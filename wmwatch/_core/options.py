@@ -43,6 +43,10 @@ class WatchOptions:
     state_budget_bytes: int | None = None
     pushgateway: str | None = None
     push_job: str = "wmwatch"
+    push_basic_auth: tuple[str, str] | None = None
+    push_cafile: str | None = None
+    push_certfile: str | None = None
+    push_keyfile: str | None = None
 
     def __post_init__(self) -> None:
         # an iterator would be used up by the first watch; the options must stay comparable

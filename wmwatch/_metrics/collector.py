@@ -26,6 +26,7 @@ from wmwatch._text import valid_utf8
 from wmwatch._time import to_epoch_seconds
 
 if TYPE_CHECKING:  # duckdb loads only with a history store
+    from wmwatch._metrics.connections import Connections
     from wmwatch._store.writer import StoreHealth
 
 log = logging.getLogger("wmwatch")
@@ -60,8 +61,10 @@ class WatchCollector(Collector):
         queue_capacity: int,
         store_health: Callable[[], StoreHealth] | None = None,
         plugins: Callable[[], Iterable[WatchPlugin]] = tuple,
+        endpoint_connections: Callable[[], Connections | None] = lambda: None,
     ) -> None:
         self._book = book
+        self._endpoint_connections = endpoint_connections
         self._health = health
         self._queue_size = queue_size
         self._queue_capacity = queue_capacity
@@ -303,6 +306,17 @@ class WatchCollector(Collector):
         )
         server.add_metric([], 1 if h.metrics_server_up else 0)
         yield server
+        connections = self._endpoint_connections()
+        if connections is not None:
+            closed = _counter(
+                "wmwatch_metrics_connections_closed",
+                "Connections the endpoint closed: no place free (refused), to make room for a "
+                "newer one (evicted), too slow (timed_out).",
+                ["reason"],
+            )
+            for reason, total in connections.closed_totals().items():
+                closed.add_metric([reason], total)
+            yield closed
         if h.spark_listener_bus_readable:
             bus_dropped = _counter(
                 "wmwatch_spark_listener_events_dropped",

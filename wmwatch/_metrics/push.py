@@ -6,26 +6,124 @@ whole registry (PUT, so the group always holds one consistent snapshot) after ba
 once per ``min_interval_seconds``, right away when a query terminates, and a last time on
 ``close``. Pushing runs on a thread of its own: the worker thread only flags that there is
 something new, so a slow or unreachable gateway never delays event handling.
+
+A gateway behind basic auth or TLS (a private CA, a client certificate) gets a handler from
+:func:`gateway_handler`; the gateway's address is redacted wherever it is logged.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
 import logging
+import ssl
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import default_handler, push_to_gateway
+from prometheus_client.exposition import basic_auth_handler, default_handler, push_to_gateway
 
 from wmwatch._core.plugins import WatchPlugin
 from wmwatch._errors import ConfigError
 from wmwatch._events import QueryStarted, QueryTerminated
 from wmwatch._progress import ProgressSnapshot
+from wmwatch._text import error_line, redact
 
 log = logging.getLogger("wmwatch")
+
+# What push_to_gateway calls: (url, method, timeout, headers, data) -> a function that sends.
+Handler = Callable[..., Callable[[], None]]
+
+
+def gateway_handler(
+    *,
+    basic_auth: tuple[str, str] | None = None,
+    cafile: str | None = None,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+) -> Handler:
+    """The handler ``push_to_gateway`` sends with: basic auth and/or TLS, as for the endpoint.
+
+    ``cafile`` verifies the gateway's certificate (default: the system's CAs); ``certfile`` and
+    ``keyfile`` are a client certificate. The files are read now, so a wrong path is a
+    :class:`ConfigError` at attach rather than a failed push later.
+    """
+    if basic_auth is not None and (len(basic_auth) != 2 or not all(basic_auth)):
+        raise ConfigError("push_basic_auth needs a non-empty (user, password)")
+    if bool(certfile) != bool(keyfile):
+        raise ConfigError("TLS client auth needs both push_certfile and push_keyfile")
+    if not cafile and not certfile:
+        if basic_auth is None:
+            return default_handler
+        user, password = basic_auth
+        return functools.partial(basic_auth_handler, username=user, password=password)
+    context = _client_context(cafile, certfile, keyfile)
+    # prometheus-client's tls_auth_handler needs a client certificate and cannot add basic
+    # auth: this sends as it does, through urllib, with the context made above.
+    auth = [] if basic_auth is None else [("Authorization", _basic_credentials(*basic_auth))]
+
+    def tls_handler(
+        url: str, method: str, timeout: float | None, headers: list[tuple[str, str]], data: bytes
+    ) -> Callable[[], None]:
+        def send() -> None:
+            request = urllib.request.Request(
+                url, data=data, method=method, headers=dict([*headers, *auth])
+            )
+            opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+            # an answer of 400 or more raises HTTPError, which the push counts as failed
+            with opener.open(request, timeout=timeout):
+                pass
+
+        return send
+
+    return tls_handler
+
+
+def _client_context(
+    cafile: str | None, certfile: str | None, keyfile: str | None
+) -> ssl.SSLContext:
+    try:
+        # verifies the certificate chain and the host name, as Prometheus itself would
+        context = ssl.create_default_context(cafile=cafile or None)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if certfile and keyfile:
+            context.load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        files = ", ".join(str(f) for f in (cafile, certfile, keyfile) if f)
+        raise ConfigError(
+            f"cannot load the Pushgateway TLS files ({files}): {error_line(exc)}; "
+            "check push_cafile, push_certfile and push_keyfile"
+        ) from None
+    return context
+
+
+def _basic_credentials(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def _gateway_url(gateway: str, tls: bool) -> str:
+    """``gateway`` as a URL; https:// when TLS options were given and no scheme was."""
+    gateway = gateway.strip()
+    scheme = urllib.parse.urlsplit(gateway).scheme.lower()
+    has_scheme = scheme in ("http", "https")
+    # urllib would take "user:password@host" for a host and a port, and put the password in
+    # its error message
+    if urllib.parse.urlsplit(gateway if has_scheme else f"//{gateway}").username is not None:
+        raise ConfigError(
+            "put the Pushgateway's credentials in push_basic_auth=(user, password), not in its URL"
+        )
+    if tls and scheme == "http":
+        raise ConfigError(
+            "push_cafile, push_certfile and push_keyfile need an https:// Pushgateway address"
+        )
+    if tls and not has_scheme:
+        return f"https://{gateway}"
+    return gateway
 
 
 class _HasRegistry(Protocol):
@@ -37,6 +135,8 @@ class PushPlugin(WatchPlugin):
 
     ``gateway``: ``host:port`` or a URL. ``job``: the Pushgateway job; with ``grouping_key``
     it names the group that each push replaces, so concurrent jobs need distinct keys.
+    ``basic_auth``, ``cafile``, ``certfile``, ``keyfile``: see :func:`gateway_handler` (or
+    pass your own ``handler``).
     Metrics ``wmwatch_pushes_total``, ``wmwatch_push_errors_total`` and
     ``wmwatch_last_push_timestamp_seconds`` say whether pushing works.
     """
@@ -52,11 +152,18 @@ class PushPlugin(WatchPlugin):
         grouping_key: Mapping[str, str] | None = None,
         min_interval_seconds: float = 10.0,
         timeout_seconds: float = 5.0,
-        handler: Callable[..., Callable[[], None]] = default_handler,
+        basic_auth: tuple[str, str] | None = None,
+        cafile: str | None = None,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        handler: Handler | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not gateway or not gateway.strip():
             raise ConfigError("pushgateway needs an address: pass pushgateway='host:port'.")
+        secured = basic_auth is not None or bool(cafile or certfile or keyfile)
+        if handler is not None and secured:
+            raise ConfigError("pass either a push handler or basic auth/TLS options, not both")
         if not job or "/" in job:
             raise ConfigError(
                 "push_job must be a non-empty name without '/', e.g. 'nightly-backfill'."
@@ -66,12 +173,14 @@ class PushPlugin(WatchPlugin):
                 "min_interval_seconds must be >= 0 and timeout_seconds > 0 for the Pushgateway."
             )
         self._registry = watch if isinstance(watch, CollectorRegistry) else watch.registry
-        self.gateway = gateway.strip()
+        self.gateway = _gateway_url(gateway, tls=bool(cafile or certfile or keyfile))
         self.job = job
         self.grouping_key = dict(grouping_key or {})
         self.min_interval_seconds = min_interval_seconds
         self.timeout_seconds = timeout_seconds
-        self._handler = handler
+        self._handler = handler or gateway_handler(
+            basic_auth=basic_auth, cafile=cafile, certfile=certfile, keyfile=keyfile
+        )
         self._clock = clock
 
         self._lock = threading.Condition()
@@ -176,13 +285,14 @@ class PushPlugin(WatchPlugin):
             with self._lock:
                 self.push_errors_total += 1
                 first = self.push_errors_total == 1
-                self.last_error = str(exc)
+                self.last_error = error_line(exc)
                 self._last_push_monotonic = started
             # Log the first failure loudly, later ones quietly: a down gateway fails every push.
             (log.warning if first else log.debug)(
-                "wmwatch: push to Pushgateway %s failed (%s); check the address and that it runs",
-                self.gateway,
-                exc,
+                "wmwatch: push to Pushgateway %s failed (%s); check the address, its credentials "
+                "and that it runs",
+                redact(self.gateway),
+                error_line(exc),
             )
             return False
         with self._lock:
