@@ -404,3 +404,37 @@ def test_a_late_row_storm_while_history_is_unavailable_is_bounded_in_bytes(
         if db.is_dir():
             shutil.rmtree(db)
         watch.close()
+
+
+def test_a_healthy_writer_writes_half_the_byte_bound_at_once_rather_than_drop(
+    tmp_path: Path,
+) -> None:
+    """Timed flushes may be paced to 30 s apart; bytes piling up meanwhile are written at half
+    the bound, so a writer that can write never drops."""
+    path = tmp_path / "history.duckdb"
+    with HistoryStore(path, flush_interval_seconds=120, max_pending_bytes=2 * 1024 * 1024) as store:
+        history = AuditHistory(store, query_id="q-big", label="big")
+
+        def commit(batch_id: int) -> None:
+            rows = [_late_row(batch_id, i) for i in range(_ROWS_PER_BATCH)]
+            history.commit(
+                query_name="big",
+                run_id="r",
+                batch_id=batch_id,
+                late_wm_ms=None,
+                found=BatchLateRows(total=len(rows), rows=rows),
+                sink="duckdb",
+            )
+
+        for batch_id in range(4):  # about 800 kB: waits for the timed flush
+            commit(batch_id)
+        time.sleep(0.5)
+        assert store.health.pending_writes == 4
+        for batch_id in range(4, 6):  # past 1 MiB: written now, with no flush asked for
+            commit(batch_id)
+        _wait_for(lambda: store.health.pending_writes == 0, 30, "the backlog to be written")
+        assert store.health.dropped_total == 0
+        written = store.read(
+            lambda con: con.execute("SELECT count(*) FROM audit_batches").fetchone()
+        )
+        assert written == (6,)

@@ -158,7 +158,7 @@ class HistoryStore:
     ``max_cpu_share`` (optional): the share of one core the writer may spend on timed flushes;
     a flush that cost more than that share of ``flush_interval_seconds`` pushes the next timed
     flush back in proportion (at most 30 s). Explicit flushes, reads, a backlog of
-    ``flush_writes`` and closing are never held back.
+    ``flush_writes`` or of half ``max_pending_bytes``, and closing are never held back.
     """
 
     def __init__(
@@ -293,7 +293,7 @@ class HistoryStore:
             self._pending_bytes += size_bytes
             self._enforce_bound_locked()
             # the first write after an idle spell wakes the writer, which sleeps while idle
-            if len(self._pending) >= self.flush_writes or len(self._pending) == 1:
+            if self._backlog_locked() or len(self._pending) == 1:
                 self._cond.notify_all()
 
     def record_query_started(self, event: QueryStarted) -> None:
@@ -452,6 +452,14 @@ class HistoryStore:
     def _stopped_locked(self) -> bool:
         return self._thread is not None and not self._thread.is_alive()
 
+    def _backlog_locked(self) -> bool:
+        # Enough waiting to write now, however the timed flushes are paced: a healthy writer
+        # must never come near the bounds, where writes are dropped.
+        return (
+            len(self._pending) >= self.flush_writes
+            or self._pending_bytes >= self.max_pending_bytes // 2
+        )
+
     def _enforce_bound_locked(self) -> None:
         # The newest write stays even when it alone is over the byte bound: it is what the job
         # just did, and the audit stages big batches one chunk at a time, waiting for each.
@@ -466,10 +474,10 @@ class HistoryStore:
             if not self._dropping_logged:
                 self._dropping_logged = True
                 _log.error(
-                    "more than %d history writes or %d MiB waiting for %s: dropping the oldest "
+                    "more than %d history writes or %g MiB waiting for %s: dropping the oldest "
                     "(%s)",
                     self.max_pending,
-                    self.max_pending_bytes // (1024 * 1024),
+                    self.max_pending_bytes / 2**20,
                     self.path,
                     self._health.last_error or "writer behind",
                 )
@@ -481,7 +489,7 @@ class HistoryStore:
                     now = time.monotonic()
                     urgent = self._stopping or self._flush_requested or bool(self._reads)
                     due = bool(self._pending) and (
-                        len(self._pending) >= self.flush_writes or now >= self._next_flush_at
+                        self._backlog_locked() or now >= self._next_flush_at
                     )
                     retention_due = (
                         self.retention_days is not None and now >= self._next_retention_at
@@ -673,12 +681,12 @@ class HistoryStore:
         if was_up:
             _log.warning(
                 "cannot write history to %s (%s); keeping %d writes in memory (up to %d writes "
-                "and %d MiB) and retrying",
+                "and %g MiB) and retrying",
                 self.path,
                 reason,
                 pending,
                 self.max_pending,
-                self.max_pending_bytes // (1024 * 1024),
+                self.max_pending_bytes / 2**20,
             )
 
     def _mark_up(self) -> None:
