@@ -284,6 +284,7 @@ def test_worker_handles_a_steady_feed_from_many_threads_exactly_once(tmp_path: P
         metrics_port=free_port(),
         listener="stock",
         queue_capacity=capacity,
+        retention_days=None,  # the synthetic batches are dated 2026-01-01: keep them all
     ) as watch:
         assert watch.metrics_url is not None
         names = [[f"w{t}_q{i}" for i in range(per_thread_queries)] for t in range(threads_n)]
@@ -388,6 +389,7 @@ def test_a_full_queue_drops_and_counts_and_never_blocks_the_listener(tmp_path: P
         listener="stock",
         queue_capacity=capacity,
         plugins=[holder],
+        retention_days=None,  # the synthetic batches are dated 2026-01-01: keep them all
         inspect_plans=False,
     ) as watch:
         watch._events.offer("progress", progress_event_json("first", 0, name="first"))
@@ -516,7 +518,7 @@ def test_ten_thousand_batches_stay_compact_and_report_covers_them_all(tmp_path: 
     full = tmp_path / "full.duckdb"
     begin = time.perf_counter()
     with wmwatch.attach(
-        NoQueriesSession(), db=str(full), metrics_port=None, listener="stock"
+        NoQueriesSession(), db=str(full), metrics_port=None, listener="stock", retention_days=None
     ) as watch:
         _feed_history(watch, per_query, queries, first_at, step)
     feed_seconds = time.perf_counter() - begin

@@ -99,7 +99,10 @@ def test_sigkill_mid_write_loses_and_duplicates_no_committed_batch_or_audit_row(
     assert wal_bytes_at_kill > 0, "the kill did not land during a write"
 
     with caplog.at_level(logging.INFO, logger="wmwatch"):
-        watch = wmwatch.attach(NoQueriesSession(), db=str(db), metrics_port=None, listener="stock")
+        # the batches are dated 2026-01-01: keep them, this test is about what the crash left
+        watch = wmwatch.attach(
+            NoQueriesSession(), db=str(db), metrics_port=None, listener="stock", retention_days=None
+        )
         watch.close()
     messages = [r.getMessage() for r in caplog.records]
     recovered = [m for m in messages if "recovered after an unclean stop" in m]

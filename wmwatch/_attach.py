@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from wmwatch._core.health import Health
 from wmwatch._core.listener import EventQueue, ListenerRegistration, seed_active_queries
-from wmwatch._core.options import WatchOptions
+from wmwatch._core.options import DEFAULT_RETENTION_DAYS, WatchOptions
 from wmwatch._core.plugins import WatchContext, WatchPlugin
 from wmwatch._core.sessions import SessionRegistry, differing_options
 from wmwatch._core.state import QueryBook, QueryState
@@ -53,6 +53,10 @@ class Watch:
         """Start a watch on ``spark``; :func:`attach` is the way in (one watch per session)."""
         if options.queue_capacity < 1:
             raise ConfigError("queue_capacity must be at least 1")
+        if options.db is not None:
+            from wmwatch._store.schema import days_to_keep
+
+            days_to_keep(options.retention_days)  # a wrong value raises, strict or not
         self.spark = spark
         self.health = Health()
         self.book = QueryBook(forget_after_seconds=options.forget_after_seconds)
@@ -167,6 +171,7 @@ class Watch:
                 raise
             self._problem(exc)
             return None
+        log.info("wmwatch: history in %s %s", store.path, _keeping(store.retention_days))
         history = store.history_at_open
         if history:
             summary = ", ".join(
@@ -184,7 +189,13 @@ class Watch:
         if options.inspect_plans:
             from wmwatch._inspect.plugin import PlanPlugin
 
-            plugins.append(PlanPlugin(context, state_budget_bytes=options.state_budget_bytes))
+            plugins.append(
+                PlanPlugin(
+                    context,
+                    state_budget_bytes=options.state_budget_bytes,
+                    forget_after_seconds=options.forget_after_seconds,
+                )
+            )
         if options.pushgateway:
             from wmwatch._metrics.push import PushPlugin
 
@@ -300,6 +311,15 @@ class Watch:
         self.close()
 
 
+def _keeping(retention_days: float | None) -> str:
+    """What the history keeps, for the attach log line."""
+    if retention_days is None:
+        return "keeps everything (retention_days=None)"
+    return (
+        f"keeps {retention_days:g} days (retention_days={retention_days:g}; None keeps everything)"
+    )
+
+
 def attach(
     spark: Any,
     db: str | os.PathLike[str] | None = "wmwatch.duckdb",
@@ -313,7 +333,7 @@ def attach(
     strict: bool = False,
     queue_capacity: int = 10_000,
     forget_after_seconds: float = 600.0,
-    retention_days: float | None = None,
+    retention_days: float | None = DEFAULT_RETENTION_DAYS,
     db_flush_seconds: float = 2.0,
     listener: str = "auto",
     plugins: Iterable[WatchPlugin] = (),
@@ -336,7 +356,8 @@ def attach(
     ``db_flush_seconds``: how often history is written (the file is opened only then, so
     ``wmwatch report`` can read it in between); where a flush costs more than 0.5% of one core
     over that interval (a slow or busy machine), flushes are spaced out to keep to that share.
-    ``retention_days``: delete older history.
+    ``retention_days``: days of history to keep (default 30; older rows are deleted every
+    10 minutes); ``None`` keeps everything.
     ``pushgateway``: ``host:port`` to push to, for jobs that end before a scrape.
     ``push_basic_auth``: ``(user, password)`` for the Pushgateway; ``push_cafile``: the CA that
     signed its certificate (https; default the system's CAs); ``push_certfile`` and

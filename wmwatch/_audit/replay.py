@@ -18,7 +18,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from wmwatch._audit.predicates import SESSION, WINDOW, OperatorSpec
-from wmwatch._audit.sinks import LATE_ROW_COLUMNS, BatchLateRows, InputCount, LateRow
+from wmwatch._audit.sinks import (
+    LATE_ROW_COLUMNS,
+    LATE_ROW_OVERHEAD_BYTES,
+    BatchLateRows,
+    InputCount,
+    LateRow,
+)
 from wmwatch._audit.source import SOURCE_FILE_COL, BatchSource
 from wmwatch._core.sessions import is_connect
 from wmwatch._core.spark_jobs import bounded_job
@@ -28,8 +34,6 @@ log = logging.getLogger("wmwatch.audit")
 
 # The most late-row bytes that move from Spark to the driver at once (one chunk).
 CHUNK_BYTES = 32 * 1024 * 1024
-# Bytes a late row costs besides row_data (three longs, the source path, Python objects).
-_ROW_OVERHEAD_BYTES = 256
 _WINDOW_COL = "__wmwatch_window"
 _INPUT_COLUMNS = ("operator_index", "operator_kind", "join_side", "source_index")
 
@@ -293,7 +297,7 @@ class Replayer:
         ``max_rows_per_batch`` of them (``stage``d chunk by chunk), and, with ``parquet_path``,
         have Spark write every one of them to Parquet.
         """
-        first_rows = max(1, CHUNK_BYTES // (self.max_row_bytes + _ROW_OVERHEAD_BYTES))
+        first_rows = max(1, CHUNK_BYTES // (self.max_row_bytes + LATE_ROW_OVERHEAD_BYTES))
         head = [tuple(r) for r in late.limit(first_rows + 1).collect()]
         if len(head) <= min(first_rows, self.max_rows_per_batch):
             return BatchLateRows(
@@ -323,7 +327,7 @@ class Replayer:
             data_bytes = sum(int(g["bytes"] or 0) for g in groups)
             by_input = _counts({_group_key(g): int(g["rows"]) for g in groups}, reads)
         kept = min(total, self.max_rows_per_batch)
-        row_bytes = data_bytes // max(total, 1) + _ROW_OVERHEAD_BYTES
+        row_bytes = data_bytes // max(total, 1) + LATE_ROW_OVERHEAD_BYTES
         chunk_rows = max(1, CHUNK_BYTES // row_bytes)
         attempt = uuid.uuid4().hex
         staged = 0

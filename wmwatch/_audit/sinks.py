@@ -46,9 +46,20 @@ _LATE_ROW_TYPES = (
     "INTEGER",
     "VARCHAR",
 )
+# Bytes a late row costs besides row_data (three longs, the source path, Python objects).
+LATE_ROW_OVERHEAD_BYTES = 256
 _EPOCH_SQL = "(TIMESTAMPTZ '1970-01-01 00:00:00+00' + to_microseconds({}))"
 
 LateRow = tuple[Any, ...]
+
+
+def late_rows_bytes(rows: list[LateRow] | None) -> int:
+    """About the memory ``rows`` hold: their text values and a fixed cost per row (cheap: one
+    ``len`` per value, next to the Spark job that fetched them)."""
+    if not rows:
+        return 0
+    text = sum(len(value) for row in rows for value in row if isinstance(value, str))
+    return text + len(rows) * LATE_ROW_OVERHEAD_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +173,7 @@ class AuditHistory:
         self._store.submit(
             _pending_writer(self.query_id, batch_id, attempt, rows),
             description=f"audit {self.label} batch {batch_id}: {len(rows)} staged rows",
+            payload_bytes=late_rows_bytes(rows),
         )
         if not self.flush(timeout_seconds):
             raise AuditError(
@@ -190,7 +202,11 @@ class AuditHistory:
             found=found,
             sink=sink,
         )
-        self._store.submit(write, description=f"audit {self.label} batch {batch_id}")
+        self._store.submit(
+            write,
+            description=f"audit {self.label} batch {batch_id}",
+            payload_bytes=late_rows_bytes(found.rows),
+        )
 
     def flush(self, timeout_seconds: float) -> bool:
         """Wait until every write queued so far is in the file; True if it was."""

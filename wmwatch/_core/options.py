@@ -19,6 +19,9 @@ from wmwatch._core.plugins import WatchPlugin
 
 DEFAULT_METRICS_ADDR = "127.0.0.1"
 METRICS_ADDR_VARIABLE = "WMWATCH_METRICS_ADDR"
+# History kept by default: about 1.3 MB per 1,000 batches on the driver's disk must not grow
+# forever unnoticed; ``retention_days=None`` keeps everything.
+DEFAULT_RETENTION_DAYS = 30.0
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class WatchOptions:
     strict: bool = False
     queue_capacity: int = 10_000
     forget_after_seconds: float = 600.0
-    retention_days: float | None = None
+    retention_days: float | None = DEFAULT_RETENTION_DAYS
     db_flush_seconds: float = 2.0
     listener: str = "auto"
     plugins: Iterable[WatchPlugin] = ()

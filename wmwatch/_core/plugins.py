@@ -59,9 +59,11 @@ class HistoryAccess(Protocol):
     """What a plugin may do with the history database: queue a write, read on the writer's
     connection, or wait until what it queued is in the file (``flush``: True once it is, False
     when ``timeout`` passes first, with the reason in ``health.last_error``). All of it runs on
-    the store's one writer thread, so a plugin never opens the file."""
+    the store's one writer thread, so a plugin never opens the file. A write that carries much
+    data (rows) says about how many bytes in ``payload_bytes``: pending writes are bounded in
+    bytes as well as in count while the file is unavailable."""
 
-    def submit(self, write: Write, *, description: str) -> None: ...
+    def submit(self, write: Write, *, description: str, payload_bytes: int = 0) -> None: ...
 
     def read(
         self, fn: Callable[[duckdb.DuckDBPyConnection], T], timeout: float = 10.0

@@ -193,6 +193,17 @@ class FindingsBook:
             ]
         return sorted(found, key=lambda f: (f.query_id, f.kind, f.operator_id or -1, f.side or ""))
 
+    def forget(self, query_id: str) -> None:
+        """Write the latest state of a query's findings, then drop them from memory (a query
+        that stopped long enough ago: its findings stay in the history only)."""
+        for finding in self.all(query_id=query_id):
+            self._write(finding)
+        with self._lock:
+            for fid in [fid for fid, f in self._findings.items() if f.query_id == query_id]:
+                del self._findings[fid]
+                self._written_at.pop(fid, None)
+                self._warned.discard(fid)
+
     def flush(self) -> None:
         """Write every finding's latest state (at close, so throttled updates are not lost)."""
         for finding in self.all():

@@ -7,6 +7,11 @@ periodic check finds its shape changed) and its watermarks after each batch, at 
 ``min_read_interval_seconds``; the cost of each kind of read is kept in
 :attr:`PlanPlugin.costs`. The findings come from ``evaluate``, the history rows go through
 ``tables`` and the metric families are built by ``metrics``.
+
+A query that stopped is kept for ``forget_after_seconds`` (as the core state keeps it, so its
+last findings and watermarks are scraped), then forgotten with its findings and series: with
+queries started and stopped all day, the plugin's memory and series stay those of the queries
+that run.
 """
 
 from __future__ import annotations
@@ -59,7 +64,8 @@ class PlanPlugin(WatchPlugin):
     the history (optional). ``state_budget_bytes``: the state size a join may reach (memory or
     disk) for ``wmwatch_state_budget_seconds_remaining``. ``reinspect_every_batches``: how often
     the light read also re-checks the plan's shape. ``min_read_interval_seconds``: the least time
-    between two plan reads of one query.
+    between two plan reads of one query. ``forget_after_seconds``: how long a stopped query's
+    state and series stay (``attach`` passes its own); ``monotonic``: the clock that measures it.
     """
 
     name = "plan"
@@ -78,6 +84,8 @@ class PlanPlugin(WatchPlugin):
         findings_update_interval_seconds: float = 30.0,
         side_count_every_batches: int | None = 20,
         min_read_interval_seconds: float = 1.0,
+        forget_after_seconds: float = 600.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._context = context
         # a Spark Connect client reads no watermark tracker: it follows each node from progress
@@ -90,6 +98,8 @@ class PlanPlugin(WatchPlugin):
         self.reinspect_every_batches = reinspect_every_batches
         self.stall_batches = stall_batches
         self.jump_min_seconds = jump_min_seconds
+        self.forget_after_seconds = forget_after_seconds
+        self._monotonic = monotonic
         store = context.store
         self._store = store
         self.findings = FindingsBook(
@@ -105,6 +115,8 @@ class PlanPlugin(WatchPlugin):
         self._queries: dict[str, QueryState] = {}
         self._connect_facts: dict[str, PlanFacts] = {}
         self._previous_watermark: dict[str, datetime | None] = {}
+        # query id -> (the run that stopped, when, on ``monotonic``)
+        self._stopped: dict[str, tuple[str, float]] = {}
         self._reads = LatestReads(
             self._read, min_interval_seconds=min_read_interval_seconds, name="wmwatch-plan"
         )
@@ -112,7 +124,9 @@ class PlanPlugin(WatchPlugin):
     # -- hooks (worker thread: pure Python, no py4j) ---------------------------------------
 
     def on_query_started(self, event: QueryStarted) -> None:
+        self._forget_stopped()
         with self._lock:
+            self._stopped.pop(event.query_id, None)
             q = self._queries.setdefault(event.query_id, QueryState(event.query_id, event.name))
             q.name = event.name or q.name
             if q.run_id != event.run_id:
@@ -126,6 +140,9 @@ class PlanPlugin(WatchPlugin):
             q.name = snapshot.name or q.name
             if q.run_id != snapshot.run_id:
                 self._new_run(q, snapshot.run_id)
+            stopped = self._stopped.get(snapshot.query_id)
+            if stopped is not None and stopped[0] != snapshot.run_id:
+                del self._stopped[snapshot.query_id]  # a new run whose start we did not hear
             for source in snapshot.sources:
                 q.descriptions[source.index] = source.description
                 q.idle[source.index] = 0 if source.input_rows else q.idle.get(source.index, 0) + 1
@@ -155,6 +172,41 @@ class PlanPlugin(WatchPlugin):
 
     def on_query_terminated(self, event: QueryTerminated) -> None:
         self._reads.discard(event.query_id)
+        with self._lock:
+            if event.query_id in self._queries:
+                self._stopped[event.query_id] = (event.run_id, self._monotonic())
+        self._forget_stopped()
+
+    def _forget_stopped(self) -> None:
+        """Forget the queries stopped more than ``forget_after_seconds`` ago: their state,
+        pending reads, findings (written to the history first) and so their series."""
+        now = self._monotonic()
+        with self._lock:
+            due = [
+                query_id
+                for query_id, (_, stopped_at) in self._stopped.items()
+                if now - stopped_at > self.forget_after_seconds
+            ]
+            for query_id in due:
+                del self._stopped[query_id]
+                self._queries.pop(query_id, None)
+                self._connect_facts.pop(query_id, None)
+                self._previous_watermark.pop(query_id, None)
+        for query_id in due:
+            self._reads.discard(query_id)
+            self.findings.forget(query_id)
+
+    def remembered(self) -> dict[str, int]:
+        """How many entries each of the per-query structures holds (tests: nothing leaks)."""
+        with self._lock:
+            return {
+                "queries": len(self._queries),
+                "stopped": len(self._stopped),
+                "connect_facts": len(self._connect_facts),
+                "previous_watermark": len(self._previous_watermark),
+                "reads": len(self._reads.keys()),
+                "findings": len(self.findings.all()),
+            }
 
     def _new_run(self, q: QueryState, run_id: str) -> None:
         monitor = WatermarkMonitor(
@@ -230,7 +282,8 @@ class PlanPlugin(WatchPlugin):
             self.costs["read_seconds"].append(reading.read_seconds)
         at = snapshot.timestamp_at or datetime.now(UTC)
         with self._lock:
-            if q.run_id != snapshot.run_id:
+            # a run that ended, or a query forgotten while its plan was read, is not written to
+            if q.run_id != snapshot.run_id or self._queries.get(snapshot.query_id) is not q:
                 return
             changed = q.facts is None or q.facts.signature != facts.signature
             if changed:
@@ -282,8 +335,11 @@ class PlanPlugin(WatchPlugin):
         """Spark Connect: explain text once per run (and every few batches); in between, the
         operators' watermarks follow from progress (late rows: the previous batch's watermark,
         eviction: this batch's), which is what the explain text shows on Spark 4.3."""
-        previous = self._previous_watermark.get(snapshot.query_id)
-        self._previous_watermark[snapshot.query_id] = snapshot.watermark_at
+        with self._lock:
+            if snapshot.query_id not in self._queries:
+                return None  # forgotten meanwhile
+            previous = self._previous_watermark.get(snapshot.query_id)
+            self._previous_watermark[snapshot.query_id] = snapshot.watermark_at
         reading = self._read_connect_operators(query, snapshot, due, facts, previous)
         facts = self._connect_facts.get(snapshot.query_id, facts)
         if reading is None or facts is None:
@@ -311,7 +367,10 @@ class PlanPlugin(WatchPlugin):
                 return None
             fresh = facts_from_text(text, run_id=snapshot.run_id)
             self.costs["inspect_seconds"].append(time.perf_counter() - started)
-            self._connect_facts[snapshot.query_id] = fresh
+            with self._lock:
+                if snapshot.query_id not in self._queries:
+                    return None  # forgotten meanwhile
+                self._connect_facts[snapshot.query_id] = fresh
             operators = tuple(
                 OperatorWatermark(op, dict(fresh.operators).get(op, "unknown"), late, evict)
                 for op, late, evict in operator_watermarks_from_text(text)
@@ -353,6 +412,7 @@ class PlanPlugin(WatchPlugin):
     # -- metrics and report ----------------------------------------------------------------
 
     def collect(self) -> Iterable[Metric]:
+        self._forget_stopped()
         with self._lock:
             return plan_metrics(
                 list(self._queries.values()),
@@ -364,6 +424,7 @@ class PlanPlugin(WatchPlugin):
     def summary(self) -> dict[str, Any]:
         """Rendering-ready state of every query: findings, operator and input watermarks."""
         out: dict[str, Any] = {}
+        self._forget_stopped()
         with self._lock:
             for q in self._queries.values():
                 out[q.label] = {

@@ -42,8 +42,15 @@ class LatestReads(Generic[T]):
             self._cond.notify_all()
 
     def discard(self, key: str) -> None:
+        """Forget ``key``: its waiting request and when it was last read."""
         with self._cond:
             self._requests.pop(key, None)
+            self._last_read.pop(key, None)
+
+    def keys(self) -> set[str]:
+        """The keys with a waiting request or a remembered read."""
+        with self._cond:
+            return set(self._requests) | set(self._last_read)
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until every waiting request is read; False if ``timeout`` passed first."""

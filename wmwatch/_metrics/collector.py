@@ -333,6 +333,12 @@ class WatchCollector(Collector):
             store_up.add_metric([], 1 if store.up else 0)
             pending = _gauge("wmwatch_store_pending_writes", "Writes waiting for DuckDB.", [])
             pending.add_metric([], store.pending_writes)
+            pending_bytes = _gauge(
+                "wmwatch_store_pending_bytes",
+                "Estimated memory held by the writes waiting for DuckDB.",
+                [],
+            )
+            pending_bytes.add_metric([], store.pending_bytes)
             written = _counter("wmwatch_store_writes", "Writes committed to DuckDB.", [])
             written.add_metric([], store.written_total)
             store_errors = _counter(
@@ -340,10 +346,12 @@ class WatchCollector(Collector):
             )
             store_errors.add_metric([], store.errors_total)
             store_dropped = _counter(
-                "wmwatch_store_dropped_writes", "Writes given up because too many were pending.", []
+                "wmwatch_store_dropped_writes",
+                "Writes given up because too many (or too many bytes) were pending.",
+                [],
             )
             store_dropped.add_metric([], store.dropped_total)
-            yield from (store_up, pending, written, store_errors, store_dropped)
+            yield from (store_up, pending, pending_bytes, written, store_errors, store_dropped)
 
 
 def _utf8_labels(family: Metric) -> Metric:

@@ -9,6 +9,7 @@ table; keep both in step.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from wmwatch._errors import StoreError
+from wmwatch._errors import ConfigError, StoreError
 
 if TYPE_CHECKING:
     import duckdb
@@ -382,11 +383,26 @@ def migrate(con: duckdb.DuckDBPyConnection, path: Path | str) -> int:
     return version
 
 
+def days_to_keep(retention_days: float | None) -> float | None:
+    """The days of history to keep, or None to keep everything (``None`` or ``math.inf``)."""
+    if retention_days is None or retention_days == math.inf:
+        return None
+    if not retention_days > 0:  # NaN too
+        raise ConfigError(
+            f"retention_days={retention_days!r}: pass a positive number of days of history to "
+            "keep, or None to keep all history"
+        )
+    return float(retention_days)
+
+
 def apply_retention(con: duckdb.DuckDBPyConnection, *, cutoff_epoch_seconds: float) -> int:
     """Delete history recorded before the cutoff; returns the number of rows deleted.
 
-    Operators and sources go with their batch; late rows and audit batches by their audit time;
-    resolved findings by their last sighting. Query lifecycle rows are kept (one per run).
+    Operators, sources and late rows still staged for a batch (an interrupted replay's, whose
+    audit never resumed) go with their batch; late rows and audit batches by their audit time;
+    operator and input watermarks by the time they were recorded; resolved findings by their
+    last sighting. Query lifecycle rows are kept (one per run). Parquet overflow folders are the
+    user's: they are never deleted.
     """
     cutoff = datetime.fromtimestamp(cutoff_epoch_seconds, UTC)
     statements = (
@@ -394,9 +410,13 @@ def apply_retention(con: duckdb.DuckDBPyConnection, *, cutoff_epoch_seconds: flo
            WHERE o.query_id = b.query_id AND o.batch_id = b.batch_id AND b.batch_at < ?""",
         """DELETE FROM sources s USING batches b
            WHERE s.query_id = b.query_id AND s.batch_id = b.batch_id AND b.batch_at < ?""",
+        """DELETE FROM late_rows_pending p USING batches b
+           WHERE p.query_id = b.query_id AND p.batch_id = b.batch_id AND b.batch_at < ?""",
         "DELETE FROM batches WHERE batch_at < ?",
         "DELETE FROM late_rows WHERE audited_at < ?",
         "DELETE FROM audit_batches WHERE audited_at < ?",
+        "DELETE FROM operator_watermarks WHERE recorded_at < ?",
+        "DELETE FROM source_watermarks WHERE recorded_at < ?",
         "DELETE FROM findings WHERE status = 'resolved' AND last_seen_at < ?",
     )
     deleted = 0

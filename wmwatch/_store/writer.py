@@ -6,13 +6,14 @@ so a writer that kept its connection open would lock ``wmwatch report`` (and eve
 out for as long as the job runs. :class:`HistoryStore` therefore owns ONE writer thread that
 opens the file only for each flush: it writes everything pending in one transaction and closes,
 leaving the file free for readers in between. When the file cannot be opened (held by a reader,
-made read-only, deleted, disk full), the writes stay in memory (bounded), the store reports
+made read-only, deleted, disk full), the writes stay in memory (bounded in count and in bytes,
+see :func:`write_size_bytes`), the store reports
 itself down in :attr:`HistoryStore.health`, and it retries with backoff. Readers in other
 processes use :func:`open_readonly`, which retries while the writer holds the lock.
 
 Every write is idempotent (upserts on the tables' primary keys), so a retried write or a
 retried Spark batch replaces rows instead of duplicating them. Nothing already committed is
-deleted, except by the optional retention.
+deleted, except by the retention (``retention_days``).
 
 A file has one writer at a time: a store holds an exclusive lock on ``<db>.lock`` for its whole
 life (see :class:`wmwatch._store.files.WriterLock`), so a second writer, in this process or
@@ -62,7 +63,7 @@ from wmwatch._store.rows import (
     write_query_terminated,
     write_query_trigger,
 )
-from wmwatch._store.schema import apply_retention, migrate
+from wmwatch._store.schema import apply_retention, days_to_keep, migrate
 from wmwatch._text import error_line
 from wmwatch._trigger import Trigger
 
@@ -92,6 +93,13 @@ _MAX_BACKOFF_SECONDS = 5.0
 _READER_GAP_SECONDS = 0.05
 # Longest a paced writer waits between timed flushes, however slow a flush is.
 _MAX_PACED_INTERVAL_SECONDS = 30.0
+# Memory the pending writes may hold while the file is unavailable: two audit chunks (32 MiB
+# each), so a late-row storm keeps its newest batches and never holds more.
+DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
+# What a write costs in memory beyond its payload (closure, description, queue entry).
+_WRITE_OVERHEAD_BYTES = 512
+# What a progress row (batch, operator or source) costs in memory beyond its JSON text.
+_PROGRESS_ROW_BYTES = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +108,8 @@ class StoreHealth:
 
     up: bool
     pending_writes: int
+    # estimated memory the pending writes hold (see :func:`write_size_bytes`)
+    pending_bytes: int
     written_total: int
     errors_total: int
     dropped_total: int
@@ -113,6 +123,7 @@ class _Pending:
     description: str
     write: Write | None
     progress: ProgressRows | None = None
+    size_bytes: int = _WRITE_OVERHEAD_BYTES
 
 
 @dataclass(slots=True)
@@ -141,11 +152,13 @@ class HistoryStore:
 
     The constructor validates ``path`` and creates or migrates the file synchronously, raising
     :class:`StoreError` with a one-line message when it cannot. :meth:`start` then runs the
-    writer thread. ``retention_days`` (optional) deletes history older than that many days.
+    writer thread. ``retention_days`` (optional) deletes history older than that many days
+    (None or ``math.inf``: keep everything). ``max_pending`` and ``max_pending_bytes`` bound the
+    writes held in memory while the file is unavailable (oldest dropped first, counted).
     ``max_cpu_share`` (optional): the share of one core the writer may spend on timed flushes;
     a flush that cost more than that share of ``flush_interval_seconds`` pushes the next timed
     flush back in proportion (at most 30 s). Explicit flushes, reads, a backlog of
-    ``flush_writes`` and closing are never held back.
+    ``flush_writes`` or of half ``max_pending_bytes``, and closing are never held back.
     """
 
     def __init__(
@@ -155,6 +168,7 @@ class HistoryStore:
         flush_interval_seconds: float = 0.5,
         flush_writes: int = 500,
         max_pending: int = 10_000,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         retention_days: float | None = None,
         retention_interval_seconds: float = 600.0,
         lock_wait_seconds: float = 2.0,
@@ -165,14 +179,16 @@ class HistoryStore:
             raise StoreError("flush_interval_seconds must be positive")
         if max_pending < 1:
             raise StoreError("max_pending must be at least 1")
+        if max_pending_bytes < 1:
+            raise StoreError("max_pending_bytes must be at least 1")
+        retention_days = days_to_keep(retention_days)
         if max_cpu_share is not None and not 0 < max_cpu_share <= 1:
             raise StoreError("max_cpu_share must be in (0, 1], or None for a fixed interval")
-        if retention_days is not None and retention_days <= 0:
-            raise StoreError("retention_days must be positive, or None to keep all history")
         self.path = Path(path).expanduser().absolute()
         self.flush_interval_seconds = flush_interval_seconds
         self.flush_writes = flush_writes
         self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
         self.retention_days = retention_days
         self.retention_interval_seconds = retention_interval_seconds
         self.lock_wait_seconds = lock_wait_seconds
@@ -180,6 +196,7 @@ class HistoryStore:
 
         self._cond = threading.Condition()
         self._pending: deque[_Pending] = deque()
+        self._pending_bytes = 0
         self._reads: deque[_Read] = deque()
         self._seq = itertools.count(1)
         self._submitted_seq = 0
@@ -191,6 +208,7 @@ class HistoryStore:
         self._health = StoreHealth(
             up=True,
             pending_writes=0,
+            pending_bytes=0,
             written_total=0,
             errors_total=0,
             dropped_total=0,
@@ -227,7 +245,11 @@ class HistoryStore:
     @property
     def health(self) -> StoreHealth:
         with self._cond:
-            return replace(self._health, pending_writes=len(self._pending))
+            return replace(
+                self._health,
+                pending_writes=len(self._pending),
+                pending_bytes=self._pending_bytes,
+            )
 
     def start(self) -> HistoryStore:
         """Start the writer thread (idempotent); returns ``self``."""
@@ -243,17 +265,23 @@ class HistoryStore:
                 _OPEN_STORES.add(self)
         return self
 
-    def submit(self, write: Write, *, description: str) -> None:
+    def submit(self, write: Write, *, description: str, payload_bytes: int = 0) -> None:
         """Queue an idempotent ``write(con)``; it runs in a transaction on the writer thread.
 
-        If the database is unavailable the write is kept (bounded by ``max_pending``, oldest
-        dropped first) and retried; if it raises on its own it is logged, counted and skipped.
+        If the database is unavailable the write is kept (bounded by ``max_pending`` writes and
+        ``max_pending_bytes``, oldest dropped first) and retried; if it raises on its own it is
+        logged, counted and skipped. ``payload_bytes``: about how much memory the data ``write``
+        carries holds (rows, text), for the byte bound; leave 0 for a small write.
         ``write`` must only touch the database: I/O errors mean "database unavailable".
         """
-        self._enqueue(description, write, None)
+        self._enqueue(description, write, None, write_size_bytes(description, payload_bytes))
 
     def _enqueue(
-        self, description: str, write: Write | None, progress: ProgressRows | None
+        self,
+        description: str,
+        write: Write | None,
+        progress: ProgressRows | None,
+        size_bytes: int,
     ) -> None:
         with self._cond:
             if self._closed:
@@ -261,10 +289,11 @@ class HistoryStore:
                 return
             seq = next(self._seq)
             self._submitted_seq = seq
-            self._pending.append(_Pending(seq, description, write, progress))
+            self._pending.append(_Pending(seq, description, write, progress, size_bytes))
+            self._pending_bytes += size_bytes
             self._enforce_bound_locked()
             # the first write after an idle spell wakes the writer, which sleeps while idle
-            if len(self._pending) >= self.flush_writes or len(self._pending) == 1:
+            if self._backlog_locked() or len(self._pending) == 1:
                 self._cond.notify_all()
 
     def record_query_started(self, event: QueryStarted) -> None:
@@ -295,11 +324,9 @@ class HistoryStore:
         ``late_watermark_at`` is the watermark the late-row filter used for this batch; when
         None it is taken from the previous batch's ``watermark_at`` if that batch is recorded.
         """
-        self._enqueue(
-            f"batch {snapshot.batch_id} of {snapshot.query_id}",
-            None,
-            progress_rows(snapshot, late_watermark_at, datetime.now(UTC)),
-        )
+        description = f"batch {snapshot.batch_id} of {snapshot.query_id}"
+        rows = progress_rows(snapshot, late_watermark_at, datetime.now(UTC))
+        self._enqueue(description, None, rows, write_size_bytes(description, _progress_bytes(rows)))
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Write everything submitted so far; True if it was all written within ``timeout``."""
@@ -425,18 +452,32 @@ class HistoryStore:
     def _stopped_locked(self) -> bool:
         return self._thread is not None and not self._thread.is_alive()
 
+    def _backlog_locked(self) -> bool:
+        # Enough waiting to write now, however the timed flushes are paced: a healthy writer
+        # must never come near the bounds, where writes are dropped.
+        return (
+            len(self._pending) >= self.flush_writes
+            or self._pending_bytes >= self.max_pending_bytes // 2
+        )
+
     def _enforce_bound_locked(self) -> None:
+        # The newest write stays even when it alone is over the byte bound: it is what the job
+        # just did, and the audit stages big batches one chunk at a time, waiting for each.
         dropped = 0
-        while len(self._pending) > self.max_pending:
-            self._pending.popleft()
+        while len(self._pending) > self.max_pending or (
+            self._pending_bytes > self.max_pending_bytes and len(self._pending) > 1
+        ):
+            self._pending_bytes -= self._pending.popleft().size_bytes
             dropped += 1
         if dropped:
             self._health = replace(self._health, dropped_total=self._health.dropped_total + dropped)
             if not self._dropping_logged:
                 self._dropping_logged = True
                 _log.error(
-                    "more than %d history writes waiting for %s: dropping the oldest (%s)",
+                    "more than %d history writes or %g MiB waiting for %s: dropping the oldest "
+                    "(%s)",
                     self.max_pending,
+                    self.max_pending_bytes / 2**20,
                     self.path,
                     self._health.last_error or "writer behind",
                 )
@@ -448,7 +489,7 @@ class HistoryStore:
                     now = time.monotonic()
                     urgent = self._stopping or self._flush_requested or bool(self._reads)
                     due = bool(self._pending) and (
-                        len(self._pending) >= self.flush_writes or now >= self._next_flush_at
+                        self._backlog_locked() or now >= self._next_flush_at
                     )
                     retention_due = (
                         self.retention_days is not None and now >= self._next_retention_at
@@ -535,7 +576,9 @@ class HistoryStore:
                     and len(chunk) < _CHUNK_WRITES
                     and self._pending[0].seq <= last_seq
                 ):
-                    chunk.append(self._pending.popleft())
+                    item = self._pending.popleft()
+                    self._pending_bytes -= item.size_bytes
+                    chunk.append(item)
             if not chunk:
                 return
             written, failed, leftover, reason = self._commit_chunk(con, chunk)
@@ -543,6 +586,7 @@ class HistoryStore:
             with self._cond:
                 if leftover:
                     self._pending.extendleft(reversed(leftover))
+                    self._pending_bytes += sum(item.size_bytes for item in leftover)
                     self._enforce_bound_locked()
                 if handled:
                     self._done_seq = max(self._done_seq, chunk[handled - 1].seq)
@@ -636,12 +680,13 @@ class HistoryStore:
             pending = len(self._pending)
         if was_up:
             _log.warning(
-                "cannot write history to %s (%s); keeping %d writes in memory (up to %d) and "
-                "retrying",
+                "cannot write history to %s (%s); keeping %d writes in memory (up to %d writes "
+                "and %g MiB) and retrying",
                 self.path,
                 reason,
                 pending,
                 self.max_pending,
+                self.max_pending_bytes / 2**20,
             )
 
     def _mark_up(self) -> None:
@@ -662,6 +707,19 @@ class HistoryStore:
             self._health = replace(
                 self._health, errors_total=self._health.errors_total + 1, last_error=message
             )
+
+
+def write_size_bytes(description: str, payload_bytes: int) -> int:
+    """The memory a pending write holds, estimated cheaply: its payload (as its submitter
+    counts it) and a fixed overhead. Estimates, not measurements: they bound memory to within
+    Python's per-object overhead, which the payload estimates include per row."""
+    return _WRITE_OVERHEAD_BYTES + len(description) + max(0, payload_bytes)
+
+
+def _progress_bytes(rows: ProgressRows) -> int:
+    # the progress JSON dominates; every row also holds a dozen small Python objects
+    count = 1 + len(rows.operators) + len(rows.sources)
+    return len(rows.batch.progress_json) + count * _PROGRESS_ROW_BYTES
 
 
 def _rollback(con: duckdb.DuckDBPyConnection) -> None:
