@@ -24,6 +24,8 @@ from wmwatch._audit.sinks import BatchLateRows, _batch_writer
 from wmwatch._cli.demo_job import MARKER, claim_workdir
 from wmwatch._errors import ConfigError, StoreError
 from wmwatch._events import parse_terminated
+from wmwatch._report.build import build_report
+from wmwatch._report.render import report_dict
 from wmwatch._store.writer import HistoryStore, open_readonly
 from wmwatch.cli import app
 
@@ -162,6 +164,18 @@ def test_an_unaltered_history_reads_its_parquet_rows_through_the_sealed_connecti
             con.execute(sql).fetchall()
 
 
+def test_parquet_written_after_the_report_opened_the_file_is_left_for_the_next_report(
+    tmp_path: Path,
+) -> None:
+    """A running audit may add a batch between the report's look at the file and its read:
+    the batch's files were not made readable, so it is skipped rather than failing the report."""
+    db, _ = _audited_history(tmp_path)
+    with open_readonly(db, readable_files=lambda con: []) as con:
+        doc = report_dict(build_report(con, db=str(db)))
+    (query,) = doc["queries"]
+    assert query["late_rows"]["late_rows_kept"] == 3  # the DuckDB rows; batch 5's Parquet later
+
+
 @pytest.mark.parametrize(
     "attack",
     [
@@ -169,6 +183,7 @@ def test_an_unaltered_history_reads_its_parquet_rows_through_the_sealed_connecti
         "macro_over_a_secret_file",
         "parquet_location_of_the_root",
         "parquet_location_of_a_home_folder",
+        "parquet_folder_linked_elsewhere",
     ],
 )
 def test_a_hostile_history_is_refused_in_one_line_and_leaks_nothing(
@@ -194,7 +209,14 @@ def test_a_hostile_history_is_refused_in_one_line_and_leaks_nothing(
         "parquet_location_of_a_home_folder": [
             f"UPDATE audit_batches SET location = 'file://{tmp_path}' WHERE batch_id = 5"
         ],
+        "parquet_folder_linked_elsewhere": [],
     }[attack]
+    linked = tmp_path / "evil" / "q-1" / "batch-000000000005"
+    linked.parent.mkdir(parents=True)
+    linked.symlink_to(tmp_path)  # audit-shaped, but a link to the folder with the secret
+    statements = statements or [
+        f"UPDATE audit_batches SET location = '{linked}' WHERE batch_id = 5"
+    ]
     _alter(db, *statements)
     result = cli("report", "--db", str(db), "--format", "json")
     assert result.exit_code == 1, result.output
