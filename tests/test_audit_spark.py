@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import stat
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -386,6 +387,19 @@ def test_parquet_sink_balances_and_is_idempotent(spark: Any, stream_dir: Path) -
     per_batch = Counter(r[0] for r in late)
     for batch_id, late_rows, _, _location in result["marks"]:
         assert per_batch.get(batch_id, 0) == late_rows
+    # late rows are row payloads: owner-only whatever the umask (Spark writes 0644/0755)
+    for loc in locations:
+        folder = Path(loc)
+        assert stat.S_IMODE(folder.parent.stat().st_mode) == 0o700
+        for path in [folder, *folder.rglob("*")]:
+            assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600)
+    # and the report, whose connection may read only these files, reads every one of them
+    report = CliRunner().invoke(
+        app, ["report", "--db", str(stream_dir / "history.duckdb"), "--format", "json"]
+    )
+    assert report.exit_code == 0, report.output
+    (query,) = json.loads(report.stdout)["queries"]
+    assert query["late_rows"]["late_rows"] == len(late)
     result["late"] = late
     result["marks"] = [(b, n, "parquet", loc) for b, n, _, loc in result["marks"]]
     result["status"]["late_rows"] = len(late)

@@ -25,8 +25,9 @@ from wmwatch._audit.report import (
 )
 from wmwatch._audit.sinks import BatchLateRows, _batch_writer, _pending_writer
 from wmwatch._report.build import build_report
+from wmwatch._report.reading import open_history
 from wmwatch._report.render import report_dict
-from wmwatch._store.writer import HistoryStore, open_readonly
+from wmwatch._store.writer import HistoryStore
 
 T = 1_767_225_600  # 2026-01-01T00:00:00Z in seconds
 US = 1_000_000
@@ -144,7 +145,7 @@ def test_interrupted_replay_leaves_nothing_and_storm_counts_are_kept(tmp_path: P
     assert kept == [('{"id":5}',)]
     assert left == (0,)
     assert marks == [(1_000, 1, 999, None)]
-    with open_readonly(path) as con:
+    with open_history(path) as con:
         doc = report_dict(build_report(con, db=str(path), now=datetime(2026, 1, 2, tzinfo=UTC)))
     section = next(q for q in doc["queries"] if q["query"] == "clicks")["late_rows"]
     assert (section["late_rows"], section["late_rows_kept"], section["late_rows_not_kept"]) == (
@@ -199,7 +200,7 @@ def test_report_reads_duckdb_and_parquet_audit_rows(tmp_path: Path) -> None:
         write(
             store, 5, BatchLateRows.all_in_parquet(1, str(parquet_dir)), wm_s=T + 40, sink="parquet"
         )
-    with open_readonly(path) as con:
+    with open_history(path) as con:
         doc = report_dict(build_report(con, db=str(path), now=datetime(2026, 1, 2, tzinfo=UTC)))
     section = next(q for q in doc["queries"] if q["query"] == "clicks")["late_rows"]
     assert section["late_rows"] == 4

@@ -25,6 +25,7 @@ from wmwatch._audit.report import watermark_delay_advice
 from wmwatch._errors import UnknownQueryError
 from wmwatch._events import parse_terminated
 from wmwatch._report.build import build_report, parse_since
+from wmwatch._report.reading import open_history
 from wmwatch._report.render import render_csv, render_json, render_table, report_dict
 from wmwatch._report.sections import SECTIONS
 from wmwatch._section import Section
@@ -106,7 +107,7 @@ def history(tmp_path: Path) -> Path:
 
 
 def report_for(path: Path, **kwargs: Any) -> dict[str, Any]:
-    with open_readonly(path) as con:
+    with open_history(path) as con:
         return report_dict(build_report(con, db=str(path), **kwargs))
 
 
@@ -174,7 +175,7 @@ def _add_audit(path: Path, parquet_dir: Path) -> None:
             FROM (VALUES (70.0), (80.0), (90.0)) t(l)
             """
         )
-        parquet_dir.mkdir()
+        parquet_dir.mkdir(parents=True)
         con.execute(
             f"""
             COPY (SELECT 'q-1' AS query_id, 5::BIGINT AS batch_id,
@@ -190,7 +191,7 @@ def _add_audit(path: Path, parquet_dir: Path) -> None:
             "VALUES ('q-1', 4, 'run-1', NULL, 3, 'duckdb', NULL, now()), "
             "('q-1', 5, 'run-1', NULL, 1, 'parquet', ?, now()), "
             "('q-1', 6, 'run-1', NULL, 1, 'parquet', ?, now())",
-            (f"file://{parquet_dir}", str(parquet_dir.parent / "gone")),
+            (f"file://{parquet_dir}", str(parquet_dir.parent / "batch-000000000006")),
         )
         con.execute(
             """
@@ -212,7 +213,7 @@ def _add_audit(path: Path, parquet_dir: Path) -> None:
 def test_late_rows_from_duckdb_and_parquet_and_active_findings(
     history: Path, tmp_path: Path
 ) -> None:
-    _add_audit(history, tmp_path / "audit-q1-b5")
+    _add_audit(history, tmp_path / "late" / "q-1" / "batch-000000000005")
     doc = report_for(history)
     clicks = next(q for q in doc["queries"] if q["query"] == "clicks")
     late = clicks["late_rows"]
@@ -241,7 +242,7 @@ def test_late_rows_from_duckdb_and_parquet_and_active_findings(
     other = next(q for q in doc["queries"] if q["query"] == "q-2")
     assert other["late_rows"] is None and other["findings"] is None
 
-    with open_readonly(history) as con:
+    with open_history(history) as con:
         report = build_report(con, db=str(history))
     console = Console(file=io.StringIO(), width=120, color_system=None)
     render_table(report, console)

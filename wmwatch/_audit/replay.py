@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +25,7 @@ from wmwatch._audit.sinks import (
     BatchLateRows,
     InputCount,
     LateRow,
+    local_path,
 )
 from wmwatch._audit.source import SOURCE_FILE_COL, BatchSource
 from wmwatch._core.sessions import is_connect
@@ -404,9 +406,49 @@ class Replayer:
             F.count(F.lit(1)).alias("rows"),
             F.sum(F.octet_length("row_data")).alias("bytes"),
         )
+        # Late rows are row payloads (often personal data); Spark writes with the umask (files
+        # 0644), so the query's folder is made owner-only first (nobody else can enter it while
+        # Spark writes) and what Spark wrote is made owner-only after.
+        private_folder(directory.rsplit("/", 1)[0])
         # Overwrite makes a re-run after a crash replace, not add to, what a first attempt wrote.
         observed.write.mode("overwrite").parquet(directory)
+        private_tree(directory)
         return int(written.get["rows"]), int(written.get["bytes"] or 0)
+
+
+_PRIVATE_DIR_MODE = 0o700
+_PRIVATE_FILE_MODE = 0o600
+
+
+def private_folder(location: str) -> None:
+    """Create ``location`` (a local folder) owner-only, or make it so."""
+    local = local_path(location)
+    if local is None:
+        return
+    try:
+        os.makedirs(local, mode=_PRIVATE_DIR_MODE, exist_ok=True)
+        if not os.path.islink(local):
+            os.chmod(local, _PRIVATE_DIR_MODE)
+    except OSError as exc:
+        log.warning("wmwatch: cannot make %s owner-only: %s", local, exc.strerror or exc)
+
+
+def private_tree(location: str) -> None:
+    """Make every folder and file under ``location`` (a local folder) owner-only; links are
+    left alone, never followed."""
+    local = local_path(location)
+    if local is None:
+        return
+    try:
+        private_folder(local)
+        for root, dirs, files in os.walk(local):
+            for name in dirs + files:
+                path = os.path.join(root, name)
+                if not os.path.islink(path):
+                    mode = _PRIVATE_DIR_MODE if name in dirs else _PRIVATE_FILE_MODE
+                    os.chmod(path, mode)
+    except OSError as exc:
+        log.warning("wmwatch: cannot make %s owner-only: %s", local, exc.strerror or exc)
 
 
 _InputKey = tuple[int, str, str | None, int]

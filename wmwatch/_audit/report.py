@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -18,6 +19,8 @@ from math import gcd
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wmwatch._audit.sinks import local_path
+from wmwatch._errors import StoreError
 from wmwatch._section import Row, Scope, Section, as_float, as_int, grouped, named_rows
 from wmwatch._time import as_utc, format_at, format_duration
 
@@ -174,6 +177,88 @@ _LATENESS_BUCKETS: tuple[tuple[str, float], ...] = (
 )
 
 
+# The folder the audit writes one batch's Parquet rows to: <parquet_path>/<query id>/batch-<n>
+# (see Replayer.parquet_dir, which names them)
+_BATCH_FOLDER = re.compile(r"batch-\d{12}")
+
+
+def audit_folder(location: str, query_id: str) -> Path | None:
+    """The local folder the audit wrote for one batch of ``query_id`` (None: another file system).
+
+    A history file may come from someone else: a location not shaped like the audit's own
+    folders (``/``, a home folder) is refused with :class:`StoreError` rather than read.
+    """
+    local = local_path(location)
+    if local is None:
+        return None
+    path = Path(local)
+    if (
+        not _BATCH_FOLDER.fullmatch(path.name)
+        or query_id in ("", ".", "..")
+        or path.parent.name != query_id
+        # Spark makes both folders: a link there points somewhere the audit never wrote
+        or path.is_symlink()
+        or path.parent.is_symlink()
+    ):
+        shown = repr(location[:120])
+        raise StoreError(
+            f"the history lists {shown} as the Parquet folder of a batch of {query_id[:60]!r}, "
+            "but the audit writes only <parquet_path>/<query id>/batch-<n>: the file was "
+            "altered, so it is not read; pass a history file written by wmwatch"
+        )
+    return path
+
+
+def parquet_files(folder: Path) -> list[str]:
+    """The Parquet files Spark wrote in one batch folder: regular files only, no links, no
+    subfolders, so nothing outside the folder is read."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(
+                entry.path
+                for entry in entries
+                if entry.name.endswith(".parquet") and entry.is_file(follow_symlinks=False)
+            )
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _parquet_locations(
+    con: duckdb.DuckDBPyConnection, query_ids: Iterable[str] | None
+) -> list[tuple[str, str]]:
+    rows = con.execute(
+        """
+        SELECT DISTINCT query_id, coalesce(overflow_location, location) FROM audit_batches
+        WHERE (sink = 'parquet' AND location IS NOT NULL OR overflow_location IS NOT NULL)
+          AND ($1::VARCHAR[] IS NULL OR query_id IN (SELECT unnest($1::VARCHAR[])))
+        ORDER BY ALL
+        """,
+        (None if query_ids is None else list(query_ids),),
+    ).fetchall()
+    return [(str(qid), str(location)) for qid, location in rows]
+
+
+def audit_parquet_files(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Every Parquet file of the audit's batch folders that the history lists (for
+    :func:`wmwatch._store.files.open_readonly`'s ``readable_files``)."""
+    files: list[str] = []
+    for query_id, location in _parquet_locations(con, None):
+        folder = audit_folder(location, query_id)
+        if folder is not None:
+            files.extend(parquet_files(folder))
+    return files
+
+
+def _readable_files(con: duckdb.DuckDBPyConnection) -> set[str] | None:
+    """The outside files a sealed connection may read (None: it may read any)."""
+    row = con.execute(
+        "SELECT current_setting('enable_external_access'), current_setting('allowed_paths')"
+    ).fetchone()
+    if row is None or row[0]:
+        return None
+    return {str(path) for path in row[1] or ()}
+
+
 def _late_rows_source(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str, list[Any], int]:
     """SQL (and parameters) for every audited late row in scope, DuckDB and Parquet alike.
 
@@ -189,33 +274,25 @@ def _late_rows_source(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str
                               WHERE a.query_id = l.query_id AND a.batch_id = l.batch_id
                                 AND a.overflow_location IS NOT NULL)"""
     ]
-    locations = con.execute(
-        """
-        SELECT DISTINCT coalesce(overflow_location, location) FROM audit_batches
-        WHERE (sink = 'parquet' AND location IS NOT NULL OR overflow_location IS NOT NULL)
-          AND query_id IN (SELECT unnest($1::VARCHAR[]))
-        """,
-        (list(scope.query_ids),),
-    ).fetchall()
-    patterns: list[str] = []
+    # exact file names, never a glob: the reader's connection may open these files only
+    readable = _readable_files(con)
+    files: list[str] = []
     missing = 0
-    for (location,) in locations:
-        local = re.sub(r"^file:(//)?", "", str(location))
-        path = Path(local)
-        if path.is_file():
-            patterns.append(str(path))
-        elif path.is_dir():
-            if any(path.rglob("*.parquet")):
-                patterns.append(str(path / "**" / "*.parquet"))
-        else:
+    for query_id, location in _parquet_locations(con, scope.query_ids):
+        folder = audit_folder(location, query_id)
+        if folder is None or not folder.is_dir():
             missing += 1
-    if patterns:
+            continue
+        # a batch the running audit wrote after the connection was opened is left for the next
+        # report (its files were not made readable)
+        files.extend(f for f in parquet_files(folder) if readable is None or f in readable)
+    if files:
         present = {
             row["column_name"]
             for row in named_rows(
                 con,
                 "DESCRIBE SELECT * FROM read_parquet($1::VARCHAR[], union_by_name = true)",
-                (patterns,),
+                (files,),
             )
         }
         select = ", ".join(parquet_late_column(col, present) for col in _LATE_COLUMNS)
@@ -225,8 +302,8 @@ def _late_rows_source(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str
         )
     sql = " UNION ALL BY NAME ".join(f"({part})" for part in parts)
     params: list[Any] = [list(scope.query_ids)]
-    if patterns:
-        params.append(patterns)
+    if files:
+        params.append(files)
     return sql, params, missing
 
 
@@ -498,7 +575,10 @@ def _no_rows_kept(query_id: str) -> Row:
 
 
 def render_late_rows(data: Mapping[str, Any]) -> Table:
+    from rich.markup import escape
     from rich.table import Table
+
+    # every text read from the history (reasons, kinds, join keys, file names) is escaped
 
     table = Table(title="late rows audited", title_justify="left", show_header=False, box=None)
     table.add_column(style="bold")
@@ -533,7 +613,7 @@ def render_late_rows(data: Mapping[str, Any]) -> Table:
             "without payload",
             f"source {missing['source_index']}: "
             + (f"{counted:,} dropped (Spark's count) " if counted is not None else "")
-            + f"[yellow]not read again[/]: {missing['reason']}"
+            + f"[yellow]not read again[/]: {escape(str(missing['reason']))}"
             + (
                 f" ({missing['batches_uncounted']:,} batches uncounted: Spark counts its "
                 "operator's inputs together, or the batch's progress was not seen)"
@@ -546,8 +626,8 @@ def render_late_rows(data: Mapping[str, Any]) -> Table:
         table.add_row(
             "by operator",
             "\n".join(
-                f"operator {o['operator_index']} {o['kind']}"
-                + (f" {o['side']} side" if o["side"] else "")
+                escape(f"operator {o['operator_index']} {o['kind']}")
+                + escape(f" {o['side']} side" if o["side"] else "")
                 + f": {o['late_rows']:,}"
                 for o in operators
             ),
@@ -556,8 +636,8 @@ def render_late_rows(data: Mapping[str, Any]) -> Table:
         table.add_row(
             "lost matches",
             "\n".join(
-                f"operator {m['operator_index']} {m['side']} side, key {m['join_key']}: "
-                f"{m['late_rows']:,} late rows"
+                escape(f"operator {m['operator_index']} {m['side']} side, key {m['join_key']}")
+                + f": {m['late_rows']:,} late rows"
                 for m in data["lost_matches"]
             ),
         )
@@ -594,12 +674,14 @@ def render_late_rows(data: Mapping[str, Any]) -> Table:
     if data.get("top_sources"):
         table.add_row(
             "top sources",
-            "\n".join(f"{s['source_file']}: {s['late_rows']:,}" for s in data["top_sources"]),
+            "\n".join(
+                f"{escape(str(s['source_file']))}: {s['late_rows']:,}" for s in data["top_sources"]
+            ),
         )
     if data.get("advice"):
-        table.add_row("advice", f"[cyan]{data['advice']}[/]")
+        table.add_row("advice", f"[cyan]{escape(data['advice'])}[/]")
     if data.get("state_advice"):
-        table.add_row("delay cost", f"[cyan]{data['state_advice']}[/]")
+        table.add_row("delay cost", f"[cyan]{escape(data['state_advice'])}[/]")
     if data.get("missing_parquet_locations"):
         table.add_row(
             "note",

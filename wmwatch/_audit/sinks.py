@@ -10,6 +10,7 @@ and moved with the marker.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,14 @@ if TYPE_CHECKING:
     import duckdb
 
     from wmwatch._core.plugins import HistoryAccess
+
+def local_path(location: str) -> str | None:
+    """The local path of an audit folder (``file:`` URIs and plain paths); None for another
+    file system (HDFS, an object store), which keeps its own permissions and is not listed."""
+    if location.startswith("file:"):
+        return re.sub(r"^file:(//)?", "", location)
+    return None if re.match(r"^[A-Za-z][\w+.-]*://", location) else location
+
 
 # The columns of a late row as the replay hands it over, in this order.
 LATE_ROW_COLUMNS = (

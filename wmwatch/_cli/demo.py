@@ -36,7 +36,9 @@ def demo(
     workdir: Annotated[
         Path,
         typer.Option(
-            "--workdir", help="Folder for input files, checkpoint and history (recreated)."
+            "--workdir",
+            help="Folder for input files, checkpoint and history: a new or empty folder, or "
+            "one an earlier demo made (the demo clears only what it made there).",
         ),
     ] = Path("wmwatch-demo"),
     audit: Annotated[
@@ -67,6 +69,14 @@ def demo(
             err=True,
         )
         raise typer.Exit(2)
+    from wmwatch._cli.demo_job import claim_workdir
+    from wmwatch._errors import ConfigError
+
+    try:
+        workdir = claim_workdir(workdir)
+    except ConfigError as exc:
+        typer.echo(f"wmwatch demo: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         import pyspark  # noqa: F401
     except ImportError:
@@ -79,11 +89,12 @@ def demo(
         )
         raise typer.Exit(1)
     from rich.console import Console
+    from rich.markup import escape
 
     from wmwatch._cli.demo_job import run_demo
     from wmwatch._report.build import build_report
+    from wmwatch._report.reading import open_history
     from wmwatch._report.render import render_table
-    from wmwatch._store.writer import open_readonly
 
     console = Console(highlight=False)
     result = run_demo(
@@ -104,12 +115,14 @@ def demo(
         )
         + ".\n"
     )
-    with open_readonly(result.db) as con:
+    with open_history(result.db) as con:
         built = build_report(con, db=str(result.db))
         render_table(built, console)
         page = _write_html(con, built, workdir / "report.html")
-    console.print(f"\nHistory: {result.db}   (try: wmwatch report --db {result.db} --format json)")
-    console.print(page)
+    console.print(
+        escape(f"\nHistory: {result.db}   (try: wmwatch report --db {result.db} --format json)")
+    )
+    console.print(escape(page))
 
 
 def _write_html(con: Any, built: Any, target: Path) -> str:
@@ -118,8 +131,9 @@ def _write_html(con: Any, built: Any, target: Path) -> str:
 
     if not html_available():
         return f"HTML report: not written, {MISSING_EXTRA}"
+    from wmwatch._cli.report import write_whole
     from wmwatch._report.history import load_history
     from wmwatch._report.html import render_html
 
-    target.write_text(render_html(built, load_history(con, built)), encoding="utf-8")
+    write_whole(target, render_html(built, load_history(con, built)))
     return f"HTML report: {target.resolve()}"

@@ -22,7 +22,63 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from wmwatch._errors import ConfigError
+
 log = logging.getLogger("wmwatch")
+
+
+MARKER = ".wmwatch-demo"
+"""The file that says a folder is the demo's: only such a folder is ever cleared."""
+
+# What a run leaves in its folder; clearing removes these names and nothing else.
+_DEMO_ENTRIES = (
+    "in",
+    "checkpoint",
+    "wmwatch.duckdb",
+    "wmwatch.duckdb.wal",
+    "wmwatch.duckdb.lock",
+    "log4j2.properties",
+    "report.html",
+)
+
+
+def claim_workdir(workdir: Path) -> Path:
+    """The demo's folder, made or cleared of an earlier run; ConfigError for someone else's.
+
+    A folder is the demo's when it holds the marker the demo writes, or is new or empty: a
+    folder with anything else in it (``--workdir .`` or ``~``) is refused, never emptied.
+    """
+    folder = workdir.expanduser().absolute()
+    marker = folder / MARKER
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise ConfigError(
+            f"--workdir {folder} is not a folder: pass a new folder for the demo "
+            "(e.g. --workdir wmwatch-demo)"
+        )
+    if folder.is_dir() and not marker.is_file() and any(folder.iterdir()):
+        raise ConfigError(
+            f"--workdir {folder} already holds files the demo did not make (no {MARKER} "
+            "marker), and the demo clears its folder: pass a new or empty folder"
+        )
+    if marker.is_symlink():
+        raise ConfigError(f"{marker} is a symbolic link: remove it or pass a new folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    if not marker.exists():
+        marker.write_text(
+            "This folder belongs to `wmwatch demo`, which clears what it made here on each run.\n"
+        )
+    _clear_earlier_run(folder)
+    return folder
+
+
+def _clear_earlier_run(folder: Path) -> None:
+    leftovers = [folder / name for name in _DEMO_ENTRIES] + list(folder.glob(".part-*.tmp"))
+    for entry in leftovers:
+        # a link is removed, never followed into
+        if entry.is_symlink() or entry.is_file():
+            entry.unlink()
+        elif entry.is_dir():
+            shutil.rmtree(entry)
 
 
 @dataclass
@@ -131,20 +187,19 @@ def run_demo(
     master: str = "local[2]",
 ) -> DemoResult:
     """Run the demo query for ``duration_seconds`` and return what it recorded."""
+    from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     import wmwatch
 
     # executors outside this process read the input and checkpoint by path
-    workdir = workdir.absolute()
-    if workdir.exists():
-        shutil.rmtree(workdir)
+    workdir = claim_workdir(workdir)
     incoming = workdir / "in"
     incoming.mkdir(parents=True)
     db = workdir / "wmwatch.duckdb"
 
     where = "a local SparkSession" if master.startswith("local") else f"a SparkSession on {master}"
-    console.print(f"[bold]wmwatch demo[/]: starting {where} (takes ~10 s) ...")
+    console.print(f"[bold]wmwatch demo[/]: starting {escape(where)} (takes ~10 s) ...")
     spark = build_session(workdir, master=master)
     from pyspark.sql import functions as F
 
@@ -154,7 +209,7 @@ def run_demo(
     if watch.metrics_url:
         console.print(f"Prometheus metrics: [cyan]{watch.metrics_url}[/]")
     for problem in watch.problems:
-        console.print(f"[yellow]note:[/] {problem}")
+        console.print(f"[yellow]note:[/] {escape(str(problem))}")
     events = (
         spark.readStream.schema("event_time timestamp, user string, amount double")
         .option("maxFilesPerTrigger", 20)
@@ -177,7 +232,7 @@ def run_demo(
         try:
             audit_handle = watch.audit(query, events)
         except Exception as exc:  # noqa: BLE001 - the demo goes on without the audit
-            console.print(f"[yellow]late-row audit not started:[/] {exc}")
+            console.print(f"[yellow]late-row audit not started:[/] {escape(str(exc))}")
     try:
         with Progress(
             TextColumn("[progress.description]{task.description}"),
@@ -222,7 +277,7 @@ def run_demo(
                 audit_handle.stop()
                 late_rows = int(audit_handle.status().get("late_rows", 0))
             except Exception as exc:  # noqa: BLE001
-                console.print(f"[yellow]audit stop failed:[/] {exc}")
+                console.print(f"[yellow]audit stop failed:[/] {escape(str(exc))}")
         state = next((s for s in watch.queries() if s.label == "demo_revenue_per_user"), None)
         watch.close()
         spark.stop()

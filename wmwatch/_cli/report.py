@@ -7,8 +7,11 @@ so that ``wmwatch --help`` stays instant.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -75,6 +78,12 @@ def report(
     target = None if output == "-" else Path(output)
     if target is not None and not target.parent.is_dir():
         raise _fail(f"--output {output}: folder {target.parent} does not exist", 2)
+    if target is not None and _is_history(target, db):
+        raise _fail(
+            f"--output {output} is the history file {db} or its log or lock: "
+            "pass another file for the report",
+            2,
+        )
     from wmwatch._report.build import parse_since
 
     since_at = None
@@ -88,13 +97,13 @@ def report(
 
     from wmwatch._errors import StoreError, UnknownQueryError
     from wmwatch._report.build import build_report
+    from wmwatch._report.reading import open_history
     from wmwatch._report.render import render_csv, render_json, render_table
-    from wmwatch._store.writer import open_readonly
     from wmwatch._text import first_line
 
     histories: dict[str, Any] = {}
     try:
-        with open_readonly(db, timeout=timeout_seconds) as con:
+        with open_history(db, timeout=timeout_seconds) as con:
             result = build_report(con, db=str(db), query=query, since_at=since_at)
             if fmt == "html":
                 from wmwatch._report.history import load_history
@@ -132,11 +141,40 @@ def report(
 
 
 def _write(target: Path, text: str) -> None:
-    """Write the whole report or nothing: a reader never sees half a file."""
-    partial = target.with_name(f".{target.name}.partial")
     try:
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(target)
+        write_whole(target, text)
     except OSError as exc:
-        partial.unlink(missing_ok=True)
         raise _fail(f"cannot write {target}: {exc.strerror or exc}", 1) from None
+
+
+def write_whole(target: Path, text: str) -> None:
+    """Write the whole report or nothing: a reader never sees half a file.
+
+    The partial file gets a fresh name made with O_EXCL (``mkstemp``) in the target's folder,
+    so a link planted at a predictable name cannot redirect the write; ``os.replace`` then
+    replaces ``target`` itself, never a file a link at ``target`` points to. Owner-only, as
+    the history it is read from.
+    """
+    fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(partial, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
+
+
+def _is_history(target: Path, db: Path) -> bool:
+    """True when writing ``target`` would overwrite the history file, its log or its lock."""
+    resolved = os.path.realpath(target)
+    base = os.path.realpath(db)
+    if resolved in (base, f"{base}.wal", f"{base}.lock"):
+        return True
+    with contextlib.suppress(OSError):
+        return any(
+            os.path.samefile(target, other) for other in (db, f"{db}.wal", f"{db}.lock")
+            if os.path.exists(other)
+        )
+    return False

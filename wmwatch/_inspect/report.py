@@ -66,8 +66,9 @@ def render_findings(findings: Sequence[Mapping[str, Any]]) -> Table:
             where = f" (operator {finding['operator_id']}"
             where += f", {finding['side']} side)" if finding.get("side") else ")"
         table.add_row(
-            f"[{colour}]{finding['severity']}[/]",
-            f"[bold]{escape(str(finding['kind']))}[/]{where}: {escape(str(finding['message']))}\n"
+            f"[{colour}]{escape(str(finding['severity']))}[/]",
+            f"[bold]{escape(str(finding['kind']))}[/]{escape(where)}: "
+            f"{escape(str(finding['message']))}\n"
             f"[dim]{finding['occurrences']}x, last seen batch {finding['last_batch_id']}[/]",
             escape(str(finding.get("fix") or "")),
         )
@@ -219,7 +220,7 @@ def render_watermarks(data: Mapping[str, Any]) -> Table:
         )
     captions = []
     if data.get("policy"):
-        captions.append(f"multipleWatermarkPolicy = {data['policy']}")
+        captions.append(escape(f"multipleWatermarkPolicy = {data['policy']}"))
     if data.get("real_time"):
         captions.append(escape(data["real_time"]["text"]))
     if captions:

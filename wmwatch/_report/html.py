@@ -176,8 +176,10 @@ def _findings(findings: Sequence[Mapping[str, Any]]) -> str:
                 f"<strong>{_e(f.get('kind'))}</strong>" + (f"<br>{_e(where)}" if where else ""),
                 _e(f.get("message")),
                 _e(f.get("fix") or ""),
-                f"{f.get('occurrences') or 0}x, batches {f.get('first_batch_id')} to "
-                f"{f.get('last_batch_id')}",
+                _e(
+                    f"{f.get('occurrences') or 0}x, batches {f.get('first_batch_id')} to "
+                    f"{f.get('last_batch_id')}"
+                ),
             ]
         )
     return _table(

@@ -470,6 +470,10 @@ def _style() -> Iterator[None]:
             "axes.spines.top": False,
             "axes.spines.right": False,
             "path.simplify": True,
+            # names come from the history: "$a$" in a query or source name is text, not TeX
+            # (mathtext would typeset it, or fail the whole page on "$\\frac")
+            "text.parse_math": False,
+            "text.usetex": False,
         }
     ):
         yield

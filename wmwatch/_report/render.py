@@ -108,10 +108,10 @@ def render_table(report: Report, console: Console) -> None:
     from rich.panel import Panel
 
     if not report.queries:
-        console.print(f"no queries recorded yet in {report.db}")
+        console.print(f"no queries recorded yet in {escape(report.db)}")
         return
     scope = f" since {format_at(report.since_at)}" if report.since_at else ""
-    console.print(f"[bold]wmwatch report[/] for {report.db}{scope}")
+    console.print(f"[bold]wmwatch report[/] for {escape(report.db)}{scope}")
     for summary in report.queries:
         parts: list[Any] = [_core_table(summary)]
         for section in report.sections:
@@ -122,7 +122,7 @@ def render_table(report: Report, console: Console) -> None:
             Panel(
                 Group(*parts),
                 title=f"[bold]{escape(summary.query)}[/]",
-                subtitle=summary.query_id if summary.query != summary.query_id else None,
+                subtitle=escape(summary.query_id) if summary.query != summary.query_id else None,
                 title_align="left",
                 expand=False,
             )
@@ -139,19 +139,21 @@ def trigger_text(summary: QuerySummary) -> str:
 
 
 def _core_table(summary: QuerySummary) -> Table:
+    from rich.markup import escape
     from rich.table import Table
 
+    # every value read from the history is escaped: a name or message holding "[/x]" is text
     colour = {"failed": "red", "terminated": "dim", "active": "green"}.get(summary.status, "white")
-    status = f"[{colour}]{summary.status}[/]"
+    status = f"[{colour}]{escape(summary.status)}[/]"
     if summary.error_class:
-        status += f" ({summary.error_class})"
+        status += f" ({escape(summary.error_class)})"
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
     table.add_row("status", status)
-    table.add_row("trigger", trigger_text(summary))
+    table.add_row("trigger", escape(trigger_text(summary)))
     if summary.exception:
-        table.add_row("exception", f"[red]{summary.exception}[/]")
+        table.add_row("exception", f"[red]{escape(summary.exception)}[/]")
     if summary.batches == 0:
         table.add_row("batches", "none in this period")
         return table

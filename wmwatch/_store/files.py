@@ -15,10 +15,11 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -44,13 +45,21 @@ FILE_MODE = 0o600
 
 @contextlib.contextmanager
 def open_readonly(
-    path: str | os.PathLike[str], timeout: float = 5.0
+    path: str | os.PathLike[str],
+    timeout: float = 5.0,
+    *,
+    readable_files: Callable[[duckdb.DuckDBPyConnection], Sequence[str]] | None = None,
 ) -> Iterator[duckdb.DuckDBPyConnection]:
     """A read-only connection to a history file that a running job may be writing.
 
     Retries while the writer holds the lock (it does so only while flushing). Raises
-    :class:`StoreError` when the file is missing, not a wmwatch database, or newer than this
-    wmwatch. The connection's time zone is UTC.
+    :class:`StoreError` when the file is missing, not a wmwatch database, holds views or macros
+    (wmwatch writes neither), or is newer than this wmwatch. The connection's time zone is UTC.
+
+    A history file may come from someone else, so the connection cannot reach anything outside
+    it: no external access (files, network, Python variables), no extension loading, settings
+    locked. ``readable_files(con)``, given such a connection, names the only outside files the
+    caller may then read (the audit's Parquet files): the file is opened twice, once to ask.
     """
     db = Path(path).expanduser().absolute()
     if not db.exists():
@@ -60,9 +69,44 @@ def open_readonly(
         )
     if db.is_dir():
         raise StoreError(f"{db} is a folder, not a wmwatch history file: pass the file with --db")
-    con = connect(db, read_only=True, deadline=time.monotonic() + timeout)
+    refuse_planted_links(db)
+    deadline = time.monotonic() + timeout
+    allowed: list[str] = []
+    if readable_files is not None:
+        with _reader(db, deadline, ()) as con:
+            allowed = list(readable_files(con))
+    with _reader(db, deadline, allowed) as con:
+        yield con
+
+
+# DuckDB reads these at start-up only; external access is switched off after the allowed files
+# are set (DuckDB takes no list of allowed files at start-up).
+_READER_CONFIG = {
+    "autoload_known_extensions": False,
+    "autoinstall_known_extensions": False,
+    "python_enable_replacements": False,
+}
+
+
+@contextlib.contextmanager
+def _reader(
+    db: Path, deadline: float, allowed_files: Sequence[str]
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    import duckdb
+
+    con = until_unlocked(
+        db,
+        deadline,
+        lambda: duckdb.connect(str(db), read_only=True, config=dict(_READER_CONFIG)),
+    )
     try:
         try:
+            if allowed_files:
+                con.execute("SET allowed_paths = $1", [list(allowed_files)])
+            con.execute("SET enable_external_access = false")
+            con.execute("SET TimeZone = 'UTC'")
+            con.execute("SET lock_configuration = true")
+            refuse_views_and_macros(con, db)
             version = schema_version(con, db, reading=True)
             if version < LATEST_VERSION:
                 read_as_latest(con, version)
@@ -70,10 +114,45 @@ def open_readonly(
             raise
         except Exception as exc:
             raise StoreError(describe_open_error(db, exc)) from None
-        con.execute("SET TimeZone = 'UTC'")
         yield con
     finally:
         con.close()
+
+
+def refuse_views_and_macros(con: duckdb.DuckDBPyConnection, db: Path) -> None:
+    """StoreError when the file holds a view or a macro: wmwatch creates only tables, and a view
+    or macro named like one of them would run someone else's query with the reader's rights."""
+    found = con.execute(
+        """
+        SELECT 'view ' || view_name FROM duckdb_views()
+        WHERE database_name = current_database() AND NOT internal
+        UNION ALL
+        SELECT 'macro ' || function_name FROM duckdb_functions()
+        WHERE database_name = current_database() AND NOT internal
+          AND function_type IN ('macro', 'table_macro')
+        ORDER BY 1 LIMIT 3
+        """
+    ).fetchall()
+    if found:
+        names = ", ".join(repr(name)[1:-1][:60] for (name,) in found)
+        raise StoreError(
+            f"{db} holds {names}, which wmwatch never writes: the file was altered, "
+            "so it is not read; pass a history file written by wmwatch"
+        )
+
+
+def refuse_planted_links(db: Path) -> None:
+    """StoreError when ``<db>.wal`` or ``<db>.lock`` is a symbolic link.
+
+    DuckDB and the writer lock open those names as they find them: a link planted there would
+    have the history's rows written into, or truncate, whatever file it points to.
+    """
+    for side in (Path(f"{db}.wal"), Path(f"{db}.lock")):
+        if side.is_symlink():
+            raise StoreError(
+                f"{side} is a symbolic link, which wmwatch does not follow: "
+                "remove it (the history needs no link there) and try again"
+            )
 
 
 def until_unlocked(path: Path, deadline: float, open_once: Callable[[], T]) -> T:
@@ -108,8 +187,11 @@ def private_wal(path: Path) -> None:
     rows of every flush until the connection closes; DuckDB keeps the mode of a file it finds.
     Call right after connecting: an empty log present at open is deleted and recreated.
     """
+    # O_NOFOLLOW: a link planted at <db>.wal must not have its target's mode changed
     with contextlib.suppress(OSError):
-        fd = os.open(f"{path}.wal", os.O_CREAT | os.O_WRONLY, FILE_MODE)
+        fd = os.open(
+            f"{path}.wal", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE
+        )
         try:
             os.fchmod(fd, FILE_MODE)
         finally:
@@ -120,7 +202,8 @@ def drop_empty_wal(path: Path) -> None:
     """Remove the log :func:`private_wal` made when the connection closed without writing."""
     wal = Path(f"{path}.wal")
     with contextlib.suppress(OSError):
-        if wal.stat().st_size == 0:
+        info = wal.lstat()
+        if stat.S_ISREG(info.st_mode) and info.st_size == 0:
             wal.unlink()
 
 
@@ -253,6 +336,7 @@ class WriterEngine:
                 raise StoreError(f"cannot start DuckDB: {error_line(exc)}") from None
             self._con = con
         con = self._con
+        refuse_planted_links(path)
         quoted = str(path).replace("'", "''")
 
         def attach_once() -> duckdb.DuckDBPyConnection:
@@ -337,8 +421,15 @@ class WriterLock:
     def _lock_file(self) -> int | None:
         for _ in range(10):
             try:
-                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+                # O_NOFOLLOW: a link planted at <db>.lock must not get its target truncated
+                fd = os.open(
+                    self._lock_path,
+                    os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                    FILE_MODE,
+                )
             except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    refuse_planted_links(self._db)
                 self.unlocked_reason = f"cannot create {self._lock_path}: {exc.strerror or exc}"
                 return None
             try:
@@ -409,6 +500,18 @@ class OpenedHistory:
     recovered_after_crash: bool
 
 
+def refuse_shared_file(path: Path) -> None:
+    """StoreError when others than the owner may write the history file: they could replace what
+    it holds (views, rows) under every later reader, and wmwatch makes its own files 0600."""
+    with contextlib.suppress(FileNotFoundError):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise StoreError(
+                f"{path} is writable by others (mode {mode:04o}): make it owner-only "
+                f"(chmod 600 {path}) or pass another db path"
+            )
+
+
 def open_for_writing(path: Path, *, timeout_seconds: float) -> OpenedHistory:
     """Create or migrate the history file at ``path`` and check it can be written, raising
     :class:`StoreError` with a one-line message when it cannot (a folder, a missing folder, a
@@ -417,8 +520,10 @@ def open_for_writing(path: Path, *, timeout_seconds: float) -> OpenedHistory:
         raise StoreError(f"{path} is a folder: pass a file path for the wmwatch history db")
     if not path.parent.is_dir():
         raise StoreError(f"folder {path.parent} does not exist: create it or pass another db path")
+    refuse_planted_links(path)
     if not path.exists():
         create_database(path)
+    refuse_shared_file(path)
     wal = Path(f"{path}.wal")
     unclean = wal.exists() and wal.stat().st_size > 0
     deadline = time.monotonic() + timeout_seconds
