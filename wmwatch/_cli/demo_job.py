@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import random
 import shutil
@@ -22,7 +21,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("wmwatch")
+from wmwatch._text import get_logger
+
+log = get_logger("wmwatch")
 
 
 @dataclass

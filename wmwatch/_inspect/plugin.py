@@ -11,7 +11,6 @@ periodic check finds its shape changed) and its watermarks after each batch, at 
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -48,8 +47,9 @@ from wmwatch._inspect.watermarks import (
 )
 from wmwatch._plantext import explain_text
 from wmwatch._progress import ProgressSnapshot
+from wmwatch._text import get_logger
 
-log = logging.getLogger("wmwatch.plan")
+log = get_logger("wmwatch.plan")
 
 
 class PlanPlugin(WatchPlugin):
