@@ -9,6 +9,7 @@ import importlib
 import json
 import logging
 import pkgutil
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from wmwatch._progress import clean_name, parse_progress, parse_progress_event
 from wmwatch._store.writer import HistoryStore
 from wmwatch._text import (
     _REDACTING,
+    _SECRET_NAME,
     REDACTED,
     clean_json,
     error_line,
@@ -336,3 +338,28 @@ def test_spark_redact_masks_exactly_as_redact(spark: Any) -> None:
     got = [r[0] for r in frame.select(spark_redact(F.col("t"))).collect()]
     assert got == [redact(t) for t in texts]
     assert not any(SECRET in g for g in got)
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "a://b:" * 20_000,
+        "password" * 15_000,
+        "account.key" + ".a" * 50_000,
+        "s3a://x:" + "y" * 100_000,
+        'password="' + "\\x" * 50_000,
+        "\\u0070" * 20_000,
+    ],
+    ids=["schemes", "keys", "azure-key", "userinfo", "open-quote", "escapes"],
+)
+def test_hostile_text_is_masked_in_linear_time(hostile: str) -> None:
+    # ~100 kB: a quadratic pattern takes tens of seconds here, the linear ones well under one
+    started = time.perf_counter()
+    redact(hostile)
+    assert time.perf_counter() - started < 5.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.text(max_size=30) | st.sampled_from(_SECRET_KEY_EXAMPLES).map(lambda k: "x." + k))
+def test_the_fast_secret_name_check_agrees_with_the_pattern(name: str) -> None:
+    assert is_secret_name(name) == (_SECRET_NAME.search(name) is not None)

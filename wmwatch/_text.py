@@ -13,6 +13,7 @@ and values behind keys written with ``\\u`` escapes. JSON documents are masked v
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -69,11 +70,12 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = (
         ),
         r"\g<key>\g<kq>\g<sep>\g<dq>\g<sq>\g<eq>" + REDACTED + r"\g<dqc>\g<sqc>\g<eqc>",
     ),
-    # scheme://user:secret@host  ->  scheme://***@host (the secret may hold "/": AWS keys do)
+    # scheme://user:secret@host  ->  scheme://***@host (the secret may hold "/": AWS keys do).
+    # Bounded lengths, and a scheme only where a word starts: linear time on hostile text.
     (
         re.compile(
-            r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)"
-            r"(?P<userinfo>[^/@\s\]\[:]*:[^@\s]*|[^/@\s\]\[]+)@"
+            r"(?<![A-Za-z0-9+.\-])(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]{0,31}://)"
+            r"(?P<userinfo>[^/@\s\]\[:]{0,256}:[^@\s]{0,1024}|[^/@\s\]\[]{1,256})@"
         ),
         r"\g<scheme>" + REDACTED + "@",
     ),
@@ -106,7 +108,17 @@ def redact(text: str) -> str:
 
 def is_secret_name(name: str) -> bool:
     """Whether ``name`` (a JSON key, an option's name) names a secret: its value is masked."""
-    return _SECRET_NAME.search(name) is not None
+    # the same few dozen keys come in every progress document: short ones are looked up
+    return _is_secret_short_name(name) if len(name) <= 100 else _names_secret(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_secret_short_name(name: str) -> bool:
+    return _names_secret(name)
+
+
+def _names_secret(name: str) -> bool:
+    return _may_hold_secret(name) and _SECRET_NAME.search(name) is not None
 
 
 def _may_hold_secret(text: str) -> bool:
