@@ -92,10 +92,11 @@ _SECRET_NAME = re.compile(rf"{_KEY}$", re.IGNORECASE)
 # before masking (``pass\u0077ord=x``).
 _UNICODE_ESCAPE = re.compile(r"\\u(?![dD][89a-fA-F])([0-9a-fA-F]{4})")
 
-# Stems of every secret key and rule above; a test keeps the lists in step.
+# Stems of every secret key and rule above (a URL's password needs an "@"); a test keeps the
+# lists in step.
 _SECRET_STEMS = (
     "pass", "pwd", "secret", "token", "key", "session", "sas", "sig", "credential", "auth",
-    "bearer", "://",
+    "bearer",
 )  # fmt: skip
 
 
