@@ -5,12 +5,16 @@
 * TLS and basic auth, end to end through ``attach`` with a real query.
 * The history file and its write-ahead log are readable by their owner only.
 * Credentials in source paths, descriptions and query names never reach DuckDB or /metrics.
+* A query named with a quoted secret keeps every batch in the history, and no secret reaches
+  /metrics, the log, DuckDB or the audit's Parquet.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import json
+import logging
 import os
 import socket
 import ssl
@@ -24,6 +28,7 @@ from typing import Any
 
 import duckdb
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import wmwatch
@@ -249,3 +254,135 @@ def test_credentials_in_paths_and_names_are_never_stored_or_exported(
         f"\n[exposure] scanned {scanned} text values in {len(columns)} columns and /metrics: "
         "no secret"
     )
+
+
+# A name Spark reports as is, with a quoted secret that ends in an escaped quote: masked as
+# text inside the progress JSON, it used to break the document and lose every batch's row.
+QUOTED_SECRET_NAME = 'orders password="hunter2\\"x"'
+LATE_SECRETS = ("hunter2", "tok3nvalue", "SIGVALUE123")
+
+
+@pytest.mark.spark
+def test_a_query_named_with_a_quoted_secret_keeps_every_batch_and_no_secret(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from pyspark.sql import functions as F
+
+    folder = tmp_path / "token=tok3nvalue" / "in"  # in every late row's source_file
+    folder.mkdir(parents=True)
+    late_path = tmp_path / "late" / "sig=SIGVALUE123"  # in audit_batches' Parquet location
+    db = tmp_path / "history.duckdb"
+    registry = CollectorRegistry()
+    files = [
+        [{"ts": "2026-01-01T00:00:01Z", "user": "a"}, {"ts": "2026-01-01T00:00:25Z", "user": "b"}],
+        # behind the watermark (15 s): window [0, 10) is closed, Spark drops all three rows
+        [{"ts": f"2026-01-01T00:00:0{s}Z", "user": "late"} for s in (3, 5, 7)]
+        + [{"ts": "2026-01-01T00:00:40Z", "user": "c"}],
+    ]
+    caplog.set_level(logging.INFO, logger="wmwatch")
+    with wmwatch.attach(spark, db=str(db), metrics_port=free_port(), registry=registry) as watch:
+        events = (
+            spark.readStream.schema("ts timestamp, user string")
+            .json(str(folder))
+            .withWatermark("ts", "10 seconds")
+        )
+        query = (
+            events.groupBy(F.window("ts", "10 seconds"))
+            .count()
+            .writeStream.outputMode("update")
+            .format("noop")
+            .queryName(QUOTED_SECRET_NAME)
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .start()
+        )
+        try:
+            # one row kept in DuckDB, every late row written to Parquet by Spark
+            audit = watch.audit(query, events, parquet_path=str(late_path), max_rows_per_batch=1)
+            for rows in files:
+                write_events(folder, rows)
+                query.processAllAvailable()
+            assert audit.sync(120), audit.status()
+            status = audit.status()
+            audit.stop()
+        finally:
+            query.stop()
+        assert query.name == QUOTED_SECRET_NAME  # Spark keeps the secret: wmwatch must not
+        deadline = time.monotonic() + 20
+        while watch.health.copy().received.get("terminated", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert watch.flush(timeout=30)
+        assert watch.metrics_url is not None
+        with urllib.request.urlopen(watch.metrics_url, timeout=5) as response:
+            metrics_text = response.read().decode()
+        json_missing = registry.get_sample_value("wmwatch_store_progress_json_missing_total")
+    assert status["late_rows"] == 3, status
+    assert json_missing == 0  # the masked documents are whole: nothing left out
+    masked_name = 'orders password="***"'
+    labels = {
+        sample.labels.get("query")
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+    }
+    assert masked_name in labels  # the query is there, under its masked name
+    scraped = generate_latest(registry).decode()
+    for secret in LATE_SECRETS:
+        assert secret not in metrics_text and secret not in scraped, secret
+        assert secret not in caplog.text, secret
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        recorded = [
+            int(b)
+            for (b,) in con.execute(
+                "SELECT batch_id FROM batches WHERE query_id = ? ORDER BY batch_id",
+                [str(query.id)],
+            ).fetchall()
+        ]
+        names = con.execute(
+            "SELECT DISTINCT query_name FROM batches UNION SELECT DISTINCT query_name FROM "
+            "late_rows UNION SELECT DISTINCT query_name FROM queries"
+        ).fetchall()
+        documents = con.execute("SELECT progress_json::VARCHAR FROM batches").fetchall()
+        late_files = con.execute("SELECT DISTINCT source_file FROM late_rows").fetchall()
+        locations = con.execute(
+            "SELECT overflow_location FROM audit_batches WHERE overflow_location IS NOT NULL"
+        ).fetchall()
+        leaks = _secrets_in_text_columns(con, LATE_SECRETS)
+    # every batch Spark committed, none skipped (idle progress repeats the next batch's id)
+    commits = (tmp_path / "cp" / "commits").iterdir()
+    committed = sorted(int(p.name) for p in commits if p.name.isdigit())
+    assert recorded == committed and len(recorded) >= 2, (recorded, committed)
+    assert names == [(masked_name,)]
+    assert all(json.loads(d)["name"] == masked_name for (d,) in documents)
+    assert late_files and all("/token=***" in f for (f,) in late_files), late_files
+    assert locations and all("/sig=***" in loc for (loc,) in locations), locations
+    assert not leaks, leaks
+    history_bytes = db.read_bytes()
+    for secret in LATE_SECRETS:
+        assert history_bytes.find(secret.encode()) == -1, secret  # not even in freed pages
+
+    # Spark wrote the Parquet (under the real path): its name and file columns are masked too
+    with duckdb.connect() as con:
+        parquet = con.execute(
+            "SELECT DISTINCT query_name, source_file FROM read_parquet(?)",
+            [f"{late_path}/**/*.parquet"],
+        ).fetchall()
+    assert parquet and all(n == masked_name and "/token=***" in f for n, f in parquet), parquet
+    print(
+        f"\n[exposure] quoted secret in the name: {len(recorded)} batches recorded, "
+        f"{status['late_rows']} late rows audited, no secret in /metrics, logs, DuckDB or Parquet"
+    )
+
+
+def _secrets_in_text_columns(con: Any, secrets: tuple[str, ...]) -> list[str]:
+    """``table.column: secret`` for every secret in any text value of the history file."""
+    leaks: list[str] = []
+    columns = con.execute(
+        "SELECT table_name, column_name FROM information_schema.columns "
+        "WHERE table_schema = 'main' AND data_type IN ('VARCHAR', 'JSON')"
+    ).fetchall()
+    for table, column in columns:
+        for (value,) in con.execute(
+            f'SELECT "{column}"::VARCHAR FROM "{table}" WHERE "{column}" IS NOT NULL'
+        ).fetchall():
+            leaks += [f"{table}.{column}: {s}" for s in secrets if s in value]
+    return leaks

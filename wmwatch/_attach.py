@@ -10,7 +10,6 @@ degraded, so a monitoring mistake never takes the watched job down.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import threading
 import time
@@ -33,11 +32,12 @@ from wmwatch._metrics.collector import WatchCollector
 from wmwatch._metrics.connections import Connections
 from wmwatch._metrics.exporter import MetricsServer, serve_metrics
 from wmwatch._progress import ProgressSnapshot
+from wmwatch._text import get_logger
 
 if TYPE_CHECKING:  # duckdb loads only with a history store
     from wmwatch._store.writer import HistoryStore
 
-log = logging.getLogger("wmwatch")
+log = get_logger("wmwatch")
 
 # The history writer's timed flushes may use this share of one core: the watched job runs on
 # the same cores, and a flush's fixed cost grows with a slower machine.

@@ -85,7 +85,9 @@ class ProgressSnapshot:
     sources: tuple[SourceProgress, ...]
     sink_description: str | None
     sink_output_rows: int | None
-    raw_json: str
+    # the document as JSON text, every secret in it masked; None when it could not be kept
+    # (the store then records the batch without it, and counts that)
+    raw_json: str | None
 
     @property
     def label(self) -> str:
@@ -257,7 +259,7 @@ def _snapshot(doc: Any, raw_json: str) -> ProgressSnapshot:
         sources=_parse_sources(doc.get("sources")),
         sink_description=_description(sink.get("description")) or None,
         sink_output_rows=sink_rows if sink_rows is not None and sink_rows >= 0 else None,
-        raw_json=clean_json(raw_json),
+        raw_json=clean_json(doc, raw_json),
     )
 
 

@@ -1,50 +1,152 @@
 """Cleaning text where it enters wmwatch: credentials masked, invalid UTF-8 replaced, one line kept.
 
 Text from Spark (query names, source descriptions, exception messages, progress JSON) is cleaned
-once, when it is parsed; what is stored, exported and reported downstream is already clean."""
+once, when it is parsed; what is stored, exported and reported downstream is already clean.
+
+What is masked follows the OWASP logging cheat sheet (passwords, keys, tokens, session ids,
+connection strings never reach a log): the password of a URL (``scheme://user:secret@host``,
+``/`` allowed in the secret), the value of every ``key=value``, ``key: value``, ``"key": "value"``
+pair whose key names a secret (quoted values whole, escaped quotes included), ``Bearer`` tokens,
+and values behind keys written with ``\\u`` escapes. JSON documents are masked value by value
+(:func:`redact_json`) and serialised again, never masked as text.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
+import logging
+import math
 import re
-
-# scheme://user:secret@host  ->  scheme://***@host
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/@\s\]\[]+)@")
-# key=value pairs whose key names a secret (query strings, option maps, JDBC URLs)
-_SECRET_PAIR = re.compile(
-    r"(?P<key>(?:password|passwd|pwd|secret|token|access[_.\-]?key|secret[_.\-]?key|"
-    r"session[_.\-]?token|api[_.\-]?key|sas|sig|credential)s?)"
-    r"(?P<sep>\s*[=:]\s*)(?P<value>[^\s,;&\]\)}\"']+)",
-    re.IGNORECASE,
-)
+from collections.abc import Mapping
+from typing import Any
 
 REDACTED = "***"
 
+# Keys whose value is a secret, as regex fragments (``[_.\-]?`` lets a separator sit between the
+# words). No boundary before a key: ``db_password``, ``X-Amz-Signature``, ``fs.s3a.secret.key``
+# and ``spark.hadoop.fs.azure.account.key.<acct>.blob.core.windows.net`` all end in one.
+_SEP = r"[_.\-]?"
+_NAME_PART = r"(?:\.[A-Za-z0-9_\-]+)*"  # an account or container name after an Azure key
+SECRET_KEYS = (
+    "password",
+    "passwd",
+    "passphrase",
+    "pwd",
+    "secret",
+    "token",
+    f"access{_SEP}key",
+    f"secret{_SEP}key",
+    f"private{_SEP}key",
+    f"session{_SEP}token",
+    f"session{_SEP}id",
+    f"api{_SEP}key",
+    f"account{_SEP}key{_NAME_PART}",
+    f"sas{_NAME_PART}",
+    "sig",
+    "signature",
+    "credential",
+    "authorization",
+)
+_KEY = "(?:" + "|".join(SECRET_KEYS) + ")s?"
+# A value: double- or single-quoted (escapes inside kept in the mask; an unclosed quote masks
+# to the end), or bare up to a delimiter (an HTTP auth scheme before it is masked with it).
+_VALUE = (
+    r"(?P<dq>\")(?:[^\"\\]|\\.)*(?P<dqc>\"?)"
+    r"|(?P<sq>')(?:[^'\\]|\\.)*(?P<sqc>'?)"
+    r"|(?P<eq>\\\")(?:[^\\]|\\(?!\"))*(?P<eqc>(?:\\\")?)"
+    r"|(?:(?:basic|bearer|digest|negotiate|aws4-hmac-sha256)\s+)?[^\s,;&\]\)}\"']+"
+)
 
-# Stems of every secret key that ``_SECRET_PAIR`` masks; a test keeps the two lists in step.
-_SECRET_STEMS = ("passw", "pwd", "secret", "token", "key", "sas", "sig", "credential")
+# (pattern, replacement template) in the order they run; templates use only named groups so
+# that :func:`spark_redact` runs the same rules in the JVM (Java names groups the same way).
+_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+    # key=value, key: value, "key": "value", key='value' whose key names a secret (first: a
+    # bare value may hold "@", where the URL rule would cut it)
+    (
+        re.compile(
+            rf"(?P<key>{_KEY})(?P<kq>(?:\\?[\"'])?)(?P<sep>\s*[=:]\s*)(?:{_VALUE})",
+            re.IGNORECASE,
+        ),
+        r"\g<key>\g<kq>\g<sep>\g<dq>\g<sq>\g<eq>" + REDACTED + r"\g<dqc>\g<sqc>\g<eqc>",
+    ),
+    # scheme://user:secret@host  ->  scheme://***@host (the secret may hold "/": AWS keys do).
+    # Bounded lengths, and a scheme only where a word starts: linear time on hostile text.
+    (
+        re.compile(
+            r"(?<![A-Za-z0-9+.\-])(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]{0,31}://)"
+            r"(?P<userinfo>[^/@\s\]\[:]{0,256}:[^@\s]{0,1024}|[^/@\s\]\[]{1,256})@"
+        ),
+        r"\g<scheme>" + REDACTED + "@",
+    ),
+    # Authorization: Bearer <token> anywhere (an exception that quotes a header)
+    (
+        re.compile(r"(?P<scheme>\bbearer\s+)[A-Za-z0-9\-._~+/]+=*", re.IGNORECASE),
+        r"\g<scheme>" + REDACTED,
+    ),
+)
+
+# A whole key (of a JSON object, an option map) that names a secret.
+_SECRET_NAME = re.compile(rf"{_KEY}$", re.IGNORECASE)
+# A \uXXXX escape that is not half of a surrogate pair: keys spelled with escapes are decoded
+# before masking (``pass\u0077ord=x``).
+_UNICODE_ESCAPE = re.compile(r"\\u(?![dD][89a-fA-F])([0-9a-fA-F]{4})")
+
+# Stems of every secret key and rule above (a URL's password needs an "@"); a test keeps the
+# lists in step.
+_SECRET_STEMS = (
+    "pass", "pwd", "secret", "token", "key", "session", "sas", "sig", "credential", "auth",
+    "bearer",
+)  # fmt: skip
 
 
 def redact(text: str) -> str:
-    """Return ``text`` with URL credentials and secret-looking ``key=value`` pairs masked."""
+    """Return ``text`` with URL credentials, secret-looking pairs and bearer tokens masked."""
     if not text or not _may_hold_secret(text):
         return text
     return _mask(text)
 
 
+def is_secret_name(name: str) -> bool:
+    """Whether ``name`` (a JSON key, an option's name) names a secret: its value is masked."""
+    # the same few dozen keys come in every progress document: short ones are looked up
+    return _is_secret_short_name(name) if len(name) <= 100 else _names_secret(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_secret_short_name(name: str) -> bool:
+    return _names_secret(name)
+
+
+def _names_secret(name: str) -> bool:
+    return _may_hold_secret(name) and _SECRET_NAME.search(name) is not None
+
+
 def _may_hold_secret(text: str) -> bool:
-    # Skips both regex passes (about 0.2 ms over a progress document) for text that cannot hold
+    # Skips every regex pass (about 0.2 ms over a progress document) for text that cannot hold
     # a credential. Only ASCII text is ruled out by substring tests: the patterns ignore case,
     # and some non-ASCII letters match ASCII ones (the long s, the Kelvin sign, the dotted and
-    # dotless i).
-    if not text.isascii() or "@" in text:
+    # dotless i). A \u escape may spell any key.
+    if not text.isascii() or "@" in text or "\\u" in text:
         return True
     lowered = text.lower()
     return any(stem in lowered for stem in _SECRET_STEMS)
 
 
 def _mask(text: str) -> str:
-    text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
-    return _SECRET_PAIR.sub(lambda m: f"{m.group('key')}{m.group('sep')}{REDACTED}", text)
+    masked = _apply_rules(text)
+    if "\\u" in masked:
+        decoded = _UNICODE_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), masked)
+        redecoded = _apply_rules(decoded)
+        if redecoded != decoded:
+            return redecoded  # a key spelled with escapes: keep the decoded, masked text
+    return masked
+
+
+def _apply_rules(text: str) -> str:
+    for pattern, template in _RULES:
+        text = pattern.sub(template, text)
+    return text
 
 
 def valid_utf8(text: str) -> str:
@@ -64,21 +166,82 @@ def clean(text: str, limit: int | None = None) -> str:
     return valid_utf8(redact(text)[:limit])
 
 
-# A \uD800-\uDFFF escape that is not half of a pair: Python's json accepts it, DuckDB's JSON
-# type refuses the whole document.
-_LONE_SURROGATE_ESCAPE = re.compile(
-    r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
-    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
-)
+def redact_json(value: Any, secret: bool = False) -> Any:
+    """A decoded JSON ``value`` with every secret masked: the value of each key that names a
+    secret (whatever it holds), and secrets inside every string (keys included), as valid
+    UTF-8; non-finite numbers (which JSON cannot hold) become null."""
+    if isinstance(value, str):
+        return REDACTED if secret else valid_utf8(redact(value))
+    if isinstance(value, Mapping):
+        return {
+            valid_utf8(redact(str(key))): redact_json(item, secret or is_secret_name(str(key)))
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact_json(item, secret) for item in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, int | float):
+        return REDACTED if secret else value
+    return REDACTED if secret else valid_utf8(redact(str(value)))
 
 
-def clean_json(text: str) -> str:
-    """JSON text redacted and valid UTF-8, with every lone surrogate escape (``\\ud800``)
-    replaced by ``\\ufffd``, so that DuckDB's JSON type accepts it."""
-    text = valid_utf8(redact(text))
-    if "\\u" in text:
-        text = _LONE_SURROGATE_ESCAPE.sub("\\\\ufffd", text)
-    return text
+def clean_json(doc: Any, text: str) -> str | None:
+    """``text``, the JSON of the decoded ``doc``, as wmwatch may keep it: valid JSON that
+    DuckDB accepts, with every secret masked (:func:`redact_json`).
+
+    Text that can hold no secret, lone surrogate or non-finite number is kept as it is (no
+    serialising); any other is built again from the masked document, never masked as text (a
+    mask through an escaped quote broke the document). None when the document cannot be
+    serialised at all (nested past Python's recursion limit): the caller keeps the rest.
+    """
+    if not _may_hold_secret(text) and "NaN" not in text and "Infinity" not in text:
+        return text
+    try:
+        return json.dumps(redact_json(doc), ensure_ascii=False, separators=(",", ":"))
+    except (RecursionError, ValueError, TypeError):
+        return None
+
+
+def spark_redact(column: Any) -> Any:
+    """A Spark column expression masking ``column`` as :func:`redact` does, run by the JVM on
+    every row (file paths of late rows, for Parquet and DuckDB alike)."""
+    from pyspark.sql import functions as F
+
+    for pattern, template in _RULES:
+        flags = "(?iu)" if pattern.flags & re.IGNORECASE else ""
+        java = flags + pattern.pattern.replace("(?P<", "(?<")
+        column = F.regexp_replace(column, java, re.sub(r"\\g<(\w+)>", r"${\1}", template))
+    return column
+
+
+class RedactingFilter(logging.Filter):
+    """Masks secrets in every record a wmwatch logger emits, its traceback included: the last
+    boundary before text leaves wmwatch (log lines quote exceptions, paths and names)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string must not lose the record
+            message = str(record.msg)
+        record.msg, record.args = redact(message), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+_REDACTING = RedactingFilter()
+
+
+def get_logger(name: str) -> logging.Logger:
+    """The logger ``name`` with wmwatch's redaction on it: every wmwatch module logs through
+    one of these (filters of a logger do not apply to its children, so each name gets it)."""
+    logger = logging.getLogger(name)
+    if _REDACTING not in logger.filters:
+        logger.addFilter(_REDACTING)
+    return logger
 
 
 def first_line(text: str | None, limit: int = 300) -> str | None:

@@ -30,7 +30,6 @@ event time X" and wakes that thread.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -50,8 +49,9 @@ from wmwatch._audit.sinks import AuditHistory, BatchLateRows, InputCount, LateRo
 from wmwatch._audit.source import UnreplayableSource
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError
+from wmwatch._text import error_line, get_logger
 
-log = logging.getLogger("wmwatch.audit")
+log = get_logger("wmwatch.audit")
 
 # Lost batches logged one line each per pass; the rest of a larger gap gets one summary line.
 _LOST_LINES_PER_PASS = 20
@@ -396,7 +396,7 @@ class Auditor:
                 failures += 1
                 with self._lock:
                     self._counters.errors += 1
-                    self._counters.last_error = f"{type(exc).__name__}: {str(exc)[:500]}"
+                    self._counters.last_error = f"{type(exc).__name__}: {error_line(exc)}"
                 log.warning(
                     "wmwatch: audit of %s failed (attempt %d, retrying): %s",
                     self.label,
@@ -421,7 +421,7 @@ class Auditor:
         except AuditError as exc:
             with self._lock:
                 self._counters.errors += 1
-                self._counters.last_error = f"{type(exc).__name__}: {str(exc)[:500]}"
+                self._counters.last_error = f"{type(exc).__name__}: {error_line(exc)}"
             log.error("wmwatch: cannot audit %s: %s", self.label, exc)
             self._stop.set()
             return False

@@ -31,6 +31,7 @@ from wmwatch._audit.source import SOURCE_FILE_COL, BatchSource
 from wmwatch._core.sessions import is_connect
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError, ConfigError
+from wmwatch._text import spark_redact
 
 log = logging.getLogger("wmwatch.audit")
 
@@ -264,7 +265,7 @@ class Replayer:
             window_start.alias("window_start_us"),
             window_end.alias("window_end_us"),
             (
-                F.regexp_replace(F.col(SOURCE_FILE_COL), "^file:/+", "/")
+                spark_redact(F.regexp_replace(F.col(SOURCE_FILE_COL), "^file:/+", "/"))
                 if has_source
                 else F.lit(None).cast("string")
             ).alias("source_file"),

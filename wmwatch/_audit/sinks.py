@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wmwatch._errors import AuditError
+from wmwatch._text import redact
 
 if TYPE_CHECKING:
     import duckdb
@@ -325,13 +326,19 @@ def _batch_writer(
                 wm_us,
                 found.total,
                 sink,
-                found.parquet_location,
+                _location(found.parquet_location),
                 found.kept,
                 found.over_cap,
-                found.overflow_location,
+                _location(found.overflow_location),
                 json.dumps([c.as_json() for c in found.by_input]) if found.by_input else None,
                 found.kept_behind_watermark,
             ],
         )
 
     return write
+
+
+def _location(path: str | None) -> str | None:
+    """A Parquet folder as the history keeps it: credentials in its URL masked (the report
+    reads it again with the credentials Spark or Hadoop is configured with, not these)."""
+    return None if path is None else redact(path)

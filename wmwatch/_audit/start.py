@@ -39,7 +39,8 @@ from wmwatch._audit.source import (
 from wmwatch._core.plugins import WatchContext
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
-from wmwatch._progress import query_label
+from wmwatch._progress import clean_name, query_label
+from wmwatch._text import redact
 from wmwatch._trigger import read_trigger
 
 SINKS = ("duckdb", "parquet")
@@ -144,7 +145,7 @@ def _unreplayable(
     if query_plan is None or isinstance(query_plan, connect.ConnectQuery):
         raise exc
     relation = relation_of(frame)
-    reason = str(exc).split(";", 1)[0]
+    reason = redact(str(exc).split(";", 1)[0])
     return (
         relation_position(query_plan, relation),
         lambda index: UnreplayableSource(index, reason),
@@ -397,7 +398,8 @@ def start_audit(
         query_plan, root = _classic_plan(query, checkpoint)
         fs = None if local_root(root) is not None else HadoopFileSystem(spark, root)
         now = resolved(query_plan, str(query_plan.toString()), CheckpointReader(root, fs))
-    query_id, query_name = str(query.id), query.name
+    # the name as every other table keeps it (redacted, bounded): late_rows and Parquet too
+    query_id, query_name = str(query.id), clean_name(query.name)
     label = query_label(query_name, query_id)
     # a real-time query judges rows with a watermark a whole interval old (the audit counts
     # the rows kept behind the reported one) and must keep every task slot it needs

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import random
 import shutil
@@ -23,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from wmwatch._errors import ConfigError
+from wmwatch._text import get_logger
 
-log = logging.getLogger("wmwatch")
+log = get_logger("wmwatch")
 
 
 MARKER = ".wmwatch-demo"

@@ -19,7 +19,6 @@ Queries already running at attach are seeded from what Spark still holds of them
 from __future__ import annotations
 
 import contextlib
-import logging
 import queue
 import threading
 import time
@@ -28,8 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from wmwatch._core.health import Health
+from wmwatch._text import get_logger
 
-log = logging.getLogger("wmwatch")
+log = get_logger("wmwatch")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,6 @@ may be the one that was lost. Nothing it does may end the thread: a failure is c
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -22,13 +21,13 @@ from wmwatch._core.state import QueryBook, QueryState
 from wmwatch._errors import ProgressParseError
 from wmwatch._events import QueryTerminated, parse_idle, parse_started, parse_terminated
 from wmwatch._progress import parse_progress_event
-from wmwatch._text import first_line
+from wmwatch._text import first_line, get_logger
 from wmwatch._trigger import Trigger, read_trigger
 
 if TYPE_CHECKING:  # duckdb loads only with a history store
     from wmwatch._store.writer import HistoryStore
 
-log = logging.getLogger("wmwatch")
+log = get_logger("wmwatch")
 
 SPARK_BUS_POLL_SECONDS = 5.0
 # While Spark's bus keeps dropping events, warn once and then at most this often.

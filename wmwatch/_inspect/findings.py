@@ -11,7 +11,6 @@ in between, through the ``writer`` it is given (the plugin's, which queues
 from __future__ import annotations
 
 import hashlib
-import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -19,7 +18,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-log = logging.getLogger("wmwatch.findings")
+from wmwatch._text import get_logger
+
+log = get_logger("wmwatch.findings")
 
 JOIN_STATE_UNBOUNDED = "join_state_unbounded"
 WATERMARK_STALLED = "watermark_stalled"

@@ -16,7 +16,6 @@ that run.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -53,8 +52,9 @@ from wmwatch._inspect.watermarks import (
 )
 from wmwatch._plantext import explain_text
 from wmwatch._progress import ProgressSnapshot
+from wmwatch._text import get_logger
 
-log = logging.getLogger("wmwatch.plan")
+log = get_logger("wmwatch.plan")
 
 
 class PlanPlugin(WatchPlugin):

@@ -7,7 +7,6 @@ or its id when it has none; batch and run ids are never labels.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -22,14 +21,14 @@ from prometheus_client.registry import Collector
 from wmwatch._core.health import HANDLING_BUCKETS_SECONDS, Health
 from wmwatch._core.plugins import WatchPlugin
 from wmwatch._core.state import QueryBook, QueryState
-from wmwatch._text import valid_utf8
+from wmwatch._text import get_logger, valid_utf8
 from wmwatch._time import to_epoch_seconds
 
 if TYPE_CHECKING:  # duckdb loads only with a history store
     from wmwatch._metrics.connections import Connections
     from wmwatch._store.writer import StoreHealth
 
-log = logging.getLogger("wmwatch")
+log = get_logger("wmwatch")
 
 Q = ["query"]
 # exported at 0 from the start so rate() and alerts have a series before the first error
@@ -351,7 +350,21 @@ class WatchCollector(Collector):
                 [],
             )
             store_dropped.add_metric([], store.dropped_total)
-            yield from (store_up, pending, pending_bytes, written, store_errors, store_dropped)
+            json_missing = _counter(
+                "wmwatch_store_progress_json_missing",
+                "Batches recorded without their progress JSON (it could not be kept safely).",
+                [],
+            )
+            json_missing.add_metric([], store.progress_json_missing_total)
+            yield from (
+                store_up,
+                pending,
+                pending_bytes,
+                written,
+                store_errors,
+                store_dropped,
+                json_missing,
+            )
 
 
 def _utf8_labels(family: Metric) -> Metric:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import logging
 import os
 import re
 import shutil
@@ -27,14 +26,14 @@ from typing import TYPE_CHECKING, TypeVar
 from wmwatch._errors import StoreError
 from wmwatch._store.rows import QueryHistory, read_history
 from wmwatch._store.schema import LATEST_VERSION, migrate, read_as_latest, schema_version
-from wmwatch._text import error_line
+from wmwatch._text import error_line, get_logger
 
 if TYPE_CHECKING:
     import duckdb
 
 T = TypeVar("T")
 
-_log = logging.getLogger("wmwatch.store")
+_log = get_logger("wmwatch.store")
 
 _LOCK_POLL_SECONDS = 0.005
 FILE_MODE = 0o600

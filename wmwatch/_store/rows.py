@@ -127,7 +127,7 @@ class BatchRow(NamedTuple):
     state_rows_total: int | None
     state_memory_bytes: int | None
     sink_output_rows: int | None
-    progress_json: str
+    progress_json: str | None
     recorded_at: datetime
     operator_count: int
     source_count: int

@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
-import logging
 import math
 import os
 import threading
@@ -64,7 +63,7 @@ from wmwatch._store.rows import (
     write_query_trigger,
 )
 from wmwatch._store.schema import apply_retention, days_to_keep, migrate
-from wmwatch._text import error_line
+from wmwatch._text import error_line, get_logger
 from wmwatch._trigger import Trigger
 
 if TYPE_CHECKING:
@@ -83,7 +82,7 @@ __all__ = [
 T = TypeVar("T")
 Write = Callable[["duckdb.DuckDBPyConnection"], None]
 
-_log = logging.getLogger("wmwatch.store")
+_log = get_logger("wmwatch.store")
 
 # Writes per transaction: large enough that a backlog after an outage drains in a few commits,
 # small enough that one commit stays well under a second.
@@ -115,6 +114,9 @@ class StoreHealth:
     dropped_total: int
     last_error: str | None
     last_flush_at: datetime | None
+    # batches recorded without their progress JSON (it could not be kept safely, or DuckDB
+    # refused it): the batch row and its numbers are stored all the same
+    progress_json_missing_total: int = 0
 
 
 @dataclass(slots=True)
@@ -323,8 +325,11 @@ class HistoryStore:
 
         ``late_watermark_at`` is the watermark the late-row filter used for this batch; when
         None it is taken from the previous batch's ``watermark_at`` if that batch is recorded.
+        A snapshot without its document (``raw_json`` None) is recorded without it, and counted.
         """
         description = f"batch {snapshot.batch_id} of {snapshot.query_id}"
+        if snapshot.raw_json is None:
+            self._count_progress_json_missing(description, "it could not be serialised")
         rows = progress_rows(snapshot, late_watermark_at, datetime.now(UTC))
         self._enqueue(description, None, rows, write_size_bytes(description, _progress_bytes(rows)))
 
@@ -628,8 +633,11 @@ class HistoryStore:
                     raise
                 except Exception as exc:
                     _rollback(con)
-                    failed += 1
                     message = error_line(exc)
+                    if self._write_without_progress_json(con, item, message):
+                        written += 1
+                        continue
+                    failed += 1
                     _log.error(
                         "history write %r failed and was skipped: %s", item.description, message
                     )
@@ -642,6 +650,43 @@ class HistoryStore:
                 return written, failed, chunk[index:], str(exc)
             written += 1
         return written, failed, [], None
+
+    def _write_without_progress_json(
+        self, con: duckdb.DuckDBPyConnection, item: _Pending, why: str
+    ) -> bool:
+        """Write a batch DuckDB refused again without its progress JSON; True if it is written.
+
+        The batch's numbers matter more than its document: a batch is never lost for its JSON.
+        Raises :class:`_Unavailable` when the file became unavailable meanwhile.
+        """
+        progress = item.progress
+        if progress is None or progress.batch.progress_json is None:
+            return False
+        bare = replace(progress, batch=progress.batch._replace(progress_json=None))
+        _begin(con)
+        try:
+            _run_writes(con, [replace(item, progress=bare)])
+        except _Unavailable:
+            raise
+        except Exception:  # noqa: BLE001 - the write is then skipped, as any failing write
+            _rollback(con)
+            return False
+        _commit(con)
+        self._count_progress_json_missing(item.description, why)
+        return True
+
+    def _count_progress_json_missing(self, description: str, why: str) -> None:
+        """Count a batch kept without its progress JSON; log the first and every 1000th."""
+        with self._cond:
+            missing = self._health.progress_json_missing_total + 1
+            self._health = replace(self._health, progress_json_missing_total=missing)
+        if missing == 1 or missing % 1000 == 0:
+            _log.error(
+                "history %s recorded without its progress JSON (%s); %d such batches so far",
+                description,
+                why,
+                missing,
+            )
 
     def _apply_retention(self, con: duckdb.DuckDBPyConnection) -> None:
         import duckdb
@@ -719,7 +764,7 @@ def write_size_bytes(description: str, payload_bytes: int) -> int:
 def _progress_bytes(rows: ProgressRows) -> int:
     # the progress JSON dominates; every row also holds a dozen small Python objects
     count = 1 + len(rows.operators) + len(rows.sources)
-    return len(rows.batch.progress_json) + count * _PROGRESS_ROW_BYTES
+    return len(rows.batch.progress_json or "") + count * _PROGRESS_ROW_BYTES
 
 
 def _rollback(con: duckdb.DuckDBPyConnection) -> None:
