@@ -71,9 +71,10 @@ def run_join(
     watermark: str = "both",
     left_side: Callable[[Any], Any] | None = None,
     right_side: Callable[[Any], Any] | None = None,
+    **audit_options: Any,
 ) -> dict[str, Any]:
     """Run ``build(left, right)`` with the audit on; ``left_side``/``right_side`` shape an input
-    before the join (and are the audit's ``prepare`` for it)."""
+    before the join (and are the audit's ``prepare`` for it); ``audit_options`` go to audit()."""
     (folder / "l").mkdir(parents=True)
     (folder / "r").mkdir(parents=True)
     left_reader = spark.readStream.schema(LEFT_SCHEMA)
@@ -111,7 +112,9 @@ def run_join(
     watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry)
     query = writer.start()
     try:
-        handle = watch.audit(query, [right, left], prepare=[right_side, left_side])  # any order
+        handle = watch.audit(  # inputs in any order
+            query, [right, left], prepare=[right_side, left_side], **audit_options
+        )
         if batching == "bulk":
             query.awaitTermination(180)
         else:

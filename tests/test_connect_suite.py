@@ -33,6 +33,10 @@ CONNECT_TESTS = (
     "tests/test_audit_join_spark.py::test_join_sides_balance[inner-bulk]",
     "tests/test_audit_join_spark.py::test_join_sides_balance[leftOuter-each]",
     "tests/test_audit_join_spark.py::test_union_of_two_sources_balances[each-min]",
+    # hostile names: a Connect server ignores __globPaths__, so the paths are escaped instead;
+    # join keys hashed under a key, as in the classic run
+    "tests/test_audit_file_names_spark.py::test_glob_characters_in_file_names_keep_the_audit_exact",
+    "tests/test_audit_privacy_spark.py::test_join_keys_follow_columns_and_hash_columns_with_a_hash_key",
     # a Python data source: its class is found in the client, its reader runs on the server
     "tests/test_audit_pysource.py::test_audit_of_a_python_source_balances[23]",
     "tests/test_watermarks_spark.py::test_idle_input_named_as_holding_the_watermark_back",

@@ -9,13 +9,14 @@ under a deadline (:mod:`wmwatch._core.spark_jobs`) in the audit's own scheduler 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from wmwatch._audit.predicates import SESSION, WINDOW, OperatorSpec
@@ -39,9 +40,32 @@ log = logging.getLogger("wmwatch.audit")
 CHUNK_BYTES = 32 * 1024 * 1024
 _WINDOW_COL = "__wmwatch_window"
 _INPUT_COLUMNS = ("operator_index", "operator_kind", "join_side", "source_index")
+# The one-row frame that carries the HMAC key's pads to the executors (see hmac_pads).
+_PAD_COLUMNS = ("__wmwatch_hmac_inner", "__wmwatch_hmac_outer")
+_SHA256_BLOCK_BYTES = 64
 
 # stage(batch_id, attempt, rows) -> rows staged: writes one chunk and waits until it is written
 Stage = Callable[[int, str, list[LateRow]], int]
+
+
+@dataclass(frozen=True)
+class HmacPads:
+    """HMAC-SHA256's two padded keys (RFC 2104): ``HMAC(K, m) = H(outer || H(inner || m))``.
+    Never printed: either pad gives the key back."""
+
+    inner: bytes = field(repr=False)
+    outer: bytes = field(repr=False)
+
+
+def hmac_pads(key: bytes) -> HmacPads:
+    """The pads of HMAC-SHA256 under ``key``, so that executors compute the HMAC with ``sha2``
+    alone (Spark's ``hmac`` function is 4.3 or later; wmwatch supports Spark 4.0 on)."""
+    if len(key) > _SHA256_BLOCK_BYTES:
+        key = hashlib.sha256(key).digest()
+    block = key.ljust(_SHA256_BLOCK_BYTES, b"\x00")
+    return HmacPads(
+        inner=bytes(b ^ 0x36 for b in block), outer=bytes(b ^ 0x5C for b in block)
+    )
 
 
 @dataclass(frozen=True)
@@ -79,6 +103,7 @@ class Replayer:
         max_row_bytes: int,
         job_timeout_seconds: float,
         one_task: bool = False,
+        hash_key: bytes | None = None,
     ) -> None:
         self.spark = spark
         self.query_id = query_id
@@ -93,6 +118,8 @@ class Replayer:
         self.max_row_bytes = max_row_bytes
         self.job_timeout_seconds = job_timeout_seconds
         self.one_task = one_task
+        self.pads = hmac_pads(hash_key) if hash_key is not None else None
+        self._pads_frame: Any = None
 
     def join_pool(self) -> None:
         """Run the calling thread's Spark jobs in the audit's FAIR scheduler pool."""
@@ -238,10 +265,14 @@ class Replayer:
         else:
             window_start = F.lit(None).cast("bigint")
             window_end = F.lit(None).cast("bigint")
-        data = [
-            F.sha2(F.col(c).cast("string"), 256).alias(c) if c in self.hash_columns else F.col(c)
-            for c in own_columns
-        ]
+        # join keys go through the same allow-list and hashing as row_data: often they are
+        # user ids or e-mails
+        keys = [k for k in item.join_keys if k in frame.columns]
+        if self.columns is not None:
+            keys = [k for k in keys if k in self.columns]
+        if self.pads is not None and any(c in self.hash_columns for c in [*own_columns, *keys]):
+            frame = frame.crossJoin(F.broadcast(self.pads_frame()))
+        data = [self.protected(c) for c in own_columns]
         row_json = F.to_json(F.struct(*data))
         # A row too large to keep whole is kept as its size and hash, so that a chunk of rows
         # has a fixed upper bound in bytes however wide the input rows are.
@@ -256,9 +287,10 @@ class Replayer:
                 )
             ),
         ).otherwise(row_json)
-        keys = [k for k in item.join_keys if k in frame.columns]
         join_key = (
-            F.to_json(F.struct(*[F.col(k) for k in keys])) if keys else F.lit(None).cast("string")
+            F.to_json(F.struct(*[self.protected(k) for k in keys]))
+            if keys
+            else F.lit(None).cast("string")
         )
         return frame.select(
             F.unix_micros(ts).alias("event_time_us"),
@@ -276,6 +308,35 @@ class Replayer:
             F.lit(item.source.source_index).cast("int").alias("source_index"),
             join_key.alias("join_key"),
         )
+
+    def protected(self, name: str) -> Any:
+        """Column ``name`` as the audit stores it: its value, or its hash when it is one of
+        ``hash_columns`` (SHA-256, or HMAC-SHA256 under ``hash_key``; lowercase hex)."""
+        from pyspark.sql import functions as F
+
+        if name not in self.hash_columns:
+            return F.col(name)
+        value = F.col(name).cast("string").cast("binary")
+        if self.pads is None:
+            digest = F.sha2(value, 256)
+        else:
+            inner_col, outer_col = _PAD_COLUMNS
+            inner = F.unhex(F.sha2(F.concat(F.col(inner_col), value), 256))
+            digest = F.sha2(F.concat(F.col(outer_col), inner), 256)
+        return digest.alias(name)
+
+    def pads_frame(self) -> Any:
+        """One row holding the HMAC pads. Joined rather than written as literals, so the key
+        never appears in a plan (Spark UI, event logs, explain output)."""
+        if self._pads_frame is None:
+            assert self.pads is not None
+            from pyspark.sql.types import BinaryType, StructField, StructType
+
+            schema = StructType([StructField(c, BinaryType(), False) for c in _PAD_COLUMNS])
+            self._pads_frame = self.spark.createDataFrame(
+                [(bytearray(self.pads.inner), bytearray(self.pads.outer))], schema
+            )
+        return self._pads_frame
 
     def input_counts(
         self, late: Any, reads: Sequence[tuple[ReplayInput, Any]]

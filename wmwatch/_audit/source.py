@@ -14,8 +14,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import unquote
 
 from wmwatch._audit.checkpoint import CheckpointReader, normalise_path
+from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 from wmwatch._text import first_line
 
@@ -32,6 +34,12 @@ _STREAMING_RELATION = re.compile(
     r"(StreamingRelation\w*|StreamingExecutionRelation|StreamingDataSourceV2\w*) (\S+?)\[([^\]]*)\]"
 )
 
+
+# Spark's own switch (DataSource.GLOB_PATHS_KEY, honoured by file sources v1 and v2) that makes
+# the reader take each path as one literal file instead of a glob pattern.
+_GLOB_PATHS_OPTION = "__globPaths__"
+# What Hadoop's glob (GlobPattern) reads as a pattern, and Spark's isGlobPath as a glob.
+_GLOB_CHARACTERS = re.compile(r"[\\*?\[\]{},]")
 
 # The column that carries each replayed row's file (null for sources without files).
 SOURCE_FILE_COL = "__wmwatch_source_file"
@@ -212,8 +220,28 @@ class FileBatchSource:
         ):
             # Keeps partition columns (dir/key=value/file) when single files are read.
             options["basePath"] = src.paths[0]
-        raw = reader.options(**options).load(list(what))
+        # Exactly the logged files: the reader would expand a name's * ? [..] {a,b} as a glob
+        # and read other files or none (given late[1].json it reads late1.json).
+        paths = [reader_path(p) for p in what]
+        if is_connect(spark):
+            # a Spark Connect server ignores the option (seen on 4.3): escape the patterns
+            paths = [glob_escaped(p) for p in paths]
+        else:
+            options[_GLOB_PATHS_OPTION] = "false"
+        raw = reader.options(**options).load(paths)
         return raw.withColumn(SOURCE_FILE_COL, F.col("_metadata.file_path"))
+
+
+def reader_path(logged: str) -> str:
+    """A path from the source log (a URI: ``file:///in%20dir/a%5B1%5D.json``) as Spark's reader
+    takes it: decoded, scheme and authority kept, since the reader quotes the path again."""
+    return unquote(logged)
+
+
+def glob_escaped(path: str) -> str:
+    """``path`` as a Hadoop glob that matches only itself: each pattern character escaped with
+    a backslash, which Hadoop's glob takes literally."""
+    return _GLOB_CHARACTERS.sub(r"\\\g<0>", path)
 
 
 @dataclass(frozen=True, slots=True)

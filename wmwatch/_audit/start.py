@@ -47,6 +47,7 @@ SINKS = ("duckdb", "parquet")
 DEFAULT_MAX_ROWS_PER_BATCH = 100_000
 DEFAULT_MAX_ROW_BYTES = 16 * 1024
 DEFAULT_JOB_TIMEOUT_SECONDS = 900.0
+HASH_KEY_VARIABLE = "WMWATCH_HASH_KEY"
 _COMPLETE_MODE = (
     "a query in complete output mode keeps every window and drops no late rows; nothing to audit."
 )
@@ -299,6 +300,7 @@ def start_audit(
     parquet_path: str | os.PathLike[str] | None = None,
     columns: Sequence[str] | None = None,
     hash_columns: Sequence[str] = (),
+    hash_key: bytes | str | None = None,
     event_time: str | None = None,
     delay: str | float | None = None,
     window: str | float | None = None,
@@ -326,6 +328,11 @@ def start_audit(
     On Spark Connect the audit works the same through the session; a query that has not
     planned a batch yet is read once it has (``status()["plan_known"]``), and a plan that cannot
     be audited then ends the audit with the reason in ``status()["last_error"]``.
+
+    ``columns`` (an allow-list) and ``hash_columns`` apply to ``row_data`` and to a join's
+    ``join_key`` alike. A hashed column is SHA-256 of its value, or, with ``hash_key`` (bytes,
+    or a str taken as UTF-8; default ``$WMWATCH_HASH_KEY``), HMAC-SHA256 under that key, which
+    a dictionary of likely values cannot reverse without the key.
 
     Bounds: at most ``max_rows_per_batch`` late rows of one batch are kept in DuckDB (the rest
     are counted, and written to Parquet when ``parquet_path`` is given with the DuckDB sink);
@@ -372,6 +379,7 @@ def start_audit(
     unknown = [c for c in hash_columns if columns is not None and c not in columns]
     if unknown:
         raise ConfigError(f"hash_columns {unknown} are not in columns=; add them or drop them.")
+    key = resolve_hash_key(hash_key, os.environ.get(HASH_KEY_VARIABLE))
 
     def resolved(query_plan: Any, plan_text: str, reader: CheckpointReader) -> Resolved:
         plan = apply_overrides(
@@ -418,6 +426,7 @@ def start_audit(
         max_row_bytes=max_row_bytes,
         job_timeout_seconds=job_timeout_seconds,
         one_task=real_time,
+        hash_key=key,
     )
     auditor = Auditor(
         query_id=query_id,
@@ -438,3 +447,18 @@ def start_audit(
     audit_plugin(watch).add(auditor)
     auditor.start()
     return AuditHandle(auditor)
+
+
+def resolve_hash_key(option: bytes | str | None, variable: str | None) -> bytes | None:
+    """The HMAC key for hashed columns: the option, else the environment variable's value;
+    None for plain SHA-256."""
+    key = option if option is not None else variable
+    if key is None:
+        return None
+    if not isinstance(key, (bytes, bytearray, str)):
+        raise ConfigError("hash_key must be bytes or a str.")
+    raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    if not raw:
+        where = "hash_key" if option is not None else f"${HASH_KEY_VARIABLE}"
+        raise ConfigError(f"{where} is empty; give a secret key, or leave it unset for SHA-256.")
+    return raw
