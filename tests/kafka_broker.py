@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import os
 import subprocess
@@ -116,9 +117,21 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait(STOP_TIMEOUT_SECONDS)
 
 
-@contextlib.contextmanager
-def kafka_broker(work: Path) -> Iterator[str]:
-    """Format the storage, start a KRaft broker, yield its bootstrap address; stop it afterwards."""
+@dataclasses.dataclass(frozen=True)
+class Broker:
+    """A formatted broker: its folder and ports (it can be started, stopped and started again)."""
+
+    work: Path
+    broker_port: int
+    controller_port: int
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.broker_port}"
+
+
+def format_broker(work: Path) -> Broker:
+    """Write the config (free loopback ports) and format the storage under a random cluster id."""
     jars = jar_set(BROKER_SET)
     work.mkdir(parents=True, exist_ok=True)
     broker_port, controller_port = _free_port(), _free_port()
@@ -126,29 +139,47 @@ def kafka_broker(work: Path) -> Iterator[str]:
         controller_port = _free_port()
     config = work / "server.properties"
     config.write_text(_properties(work, broker_port, controller_port))
-    java = ["java", *_JVM_OPTS, "-cp", f"{jars}/*"]
     subprocess.run(
-        [*java, "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(config)],
+        [*_java(jars), "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(config)],
         check=True,
         capture_output=True,
         timeout=60,
     )
-    log_path = work / "broker.log"
-    bootstrap = f"127.0.0.1:{broker_port}"
-    with log_path.open("wb") as log:
+    return Broker(work, broker_port, controller_port)
+
+
+def _java(jars: Path) -> list[str]:
+    return ["java", *_JVM_OPTS, "-cp", f"{jars}/*"]
+
+
+@contextlib.contextmanager
+def running(broker: Broker) -> Iterator[str]:
+    """Run a formatted broker until the block ends; yield its bootstrap address."""
+    jars = jar_set(BROKER_SET)
+    log_path = broker.work / "broker.log"
+    with log_path.open("ab") as log:
         process = subprocess.Popen(
-            [*java, "kafka.Kafka", str(config)],
+            [*_java(jars), "kafka.Kafka", str(broker.work / "server.properties")],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
         try:
             deadline = time.monotonic() + START_TIMEOUT_SECONDS
-            while not _answers(bootstrap, broker_port):
+            while not _answers(broker.bootstrap, broker.broker_port):
                 if process.poll() is not None or time.monotonic() > deadline:
                     tail = log_path.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"the Kafka broker did not answer on {bootstrap}: {tail}")
+                    raise RuntimeError(
+                        f"the Kafka broker did not answer on {broker.bootstrap}: {tail}"
+                    )
                 time.sleep(0.3)
-            yield bootstrap
+            yield broker.bootstrap
         finally:
             _stop(process)
+
+
+@contextlib.contextmanager
+def kafka_broker(work: Path) -> Iterator[str]:
+    """Format the storage, start a KRaft broker, yield its bootstrap address; stop it afterwards."""
+    with running(format_broker(work)) as bootstrap:
+        yield bootstrap

@@ -104,12 +104,15 @@ def parse(schema: str, *extra: str) -> Any:
     return prepare
 
 
-def kafka_stream(spark: Any, bootstrap: str, topic: str, per_trigger: int | None) -> Any:
+def kafka_stream(
+    spark: Any, bootstrap: str, topic: str, per_trigger: int | None, **options: str
+) -> Any:
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
+        .options(**options)
     )
     if per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", per_trigger)
@@ -431,3 +434,61 @@ def test_kafka_records_deleted_before_the_audit_are_counted_lost(
     for b in marked:
         assert per_batch[b] == marked[b] == dropped.get(b, 0), b
     assert any(marked.values()), "no batch after the deleted ones had late rows"
+
+
+def test_kafka_broker_down_the_audit_retries_then_audits_exactly(
+    spark: Any, tmp_path: Any
+) -> None:
+    """With the broker down the audit fails, says why and retries, the query keeps running;
+    once the broker is back every batch is audited exactly."""
+    import time
+
+    import duckdb
+    from prometheus_client import CollectorRegistry
+
+    import wmwatch
+    from tests.kafka_broker import format_broker, running
+
+    broker = format_broker(tmp_path / "own-broker")  # this test stops it: not the shared one
+    db = tmp_path / "history.duckdb"
+    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=CollectorRegistry())
+    query = None
+    try:
+        with running(broker) as bootstrap:
+            topic = new_topic(bootstrap)
+            produce_events(bootstrap, topic, event_stream(seed=41))
+            # the query's own client gives up on the broker sooner than its 60 s default, so
+            # that stopping it while it waits for the broker does not wait that long
+            timeouts = {"kafka.default.api.timeout.ms": "10000", "kafka.request.timeout.ms": "5000"}
+            stream = kafka_stream(spark, bootstrap, topic, 9, **timeouts)
+            events = parse(SCHEMA)(stream).withWatermark("ts", "10 seconds")
+            query = (
+                events.dropDuplicates(["user", "ts"])
+                .writeStream.format("memory")
+                .queryName("kafka_broker_down")
+                .option("checkpointLocation", str(tmp_path / "checkpoint"))
+                .start()
+            )
+            query.processAllAvailable()
+        # the broker is down
+        handle = watch.audit(query, events, prepare=parse(SCHEMA))
+        deadline = time.monotonic() + 90
+        while handle.status()["errors"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        status = handle.status()
+        assert status["errors"] >= 1 and "Kafka broker" in status["last_error"], status
+        assert status["batches_lost"] == 0 and status["late_rows"] == 0
+        assert query.isActive and query.exception() is None
+        with running(broker):
+            assert handle.sync(180), handle.status()
+            status = handle.status()
+            progress = list(query.recentProgress)
+        handle.stop()
+    finally:
+        if query is not None:
+            query.stop()
+        watch.close()
+    with duckdb.connect(str(db), read_only=True) as con:
+        late = con.execute("SELECT count(*) FROM late_rows").fetchone()
+    assert late is not None and late[0] == dropped_by_watermark(progress) > 0
+    assert status["batches_lost"] == 0
