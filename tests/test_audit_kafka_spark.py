@@ -9,6 +9,7 @@ and checks what the audit recorded against what Spark dropped and emitted.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -441,8 +442,6 @@ def test_kafka_broker_down_the_audit_retries_then_audits_exactly(
 ) -> None:
     """With the broker down the audit fails, says why and retries, the query keeps running;
     once the broker is back every batch is audited exactly."""
-    import time
-
     import duckdb
     from prometheus_client import CollectorRegistry
 
@@ -492,3 +491,62 @@ def test_kafka_broker_down_the_audit_retries_then_audits_exactly(
         late = con.execute("SELECT count(*) FROM late_rows").fetchone()
     assert late is not None and late[0] == dropped_by_watermark(progress) > 0
     assert status["batches_lost"] == 0
+
+
+def test_kafka_topic_matched_by_pattern_mid_stream(spark: Any, kafka: str, tmp_path: Any) -> None:
+    """A topic created while the query runs and matched by its ``subscribePattern`` is read from
+    its start; its late rows are audited like the others (with ``includeHeaders`` on)."""
+    prefix = f"p_{uuid.uuid4().hex[:8]}"
+    first = new_topic_named(kafka, f"{prefix}_a")
+    produce_events(kafka, first, event_stream(seed=51, count=30)[:-1])
+    stream = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", kafka)
+        .option("subscribePattern", f"{prefix}_.*")
+        .option("startingOffsets", "earliest")
+        .option("includeHeaders", "true")
+        .load()
+    )
+    events = parse(SCHEMA, "topic")(stream).withWatermark("ts", "10 seconds")
+
+    def add_topic(query: Any) -> None:
+        second = new_topic_named(kafka, f"{prefix}_b")
+        later = [
+            (0, {"id": 600, "user": "n", "ts": ts(4)}),
+            (2, {"id": 601, "user": "n", "ts": ts(90)}),
+            (1, {"id": 602, "user": "m", "ts": ts(8)}),
+        ]
+        produce(kafka, second, later)
+        # the source looks for new topics when it plans a batch; wait until it has read them
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            query.processAllAvailable()
+            ends = [s.get("endOffset") or "" for p in query.recentProgress for s in p["sources"]]
+            if any(second in end for end in ends):
+                break
+            time.sleep(0.5)
+        produce(kafka, first, [(0, {"id": 603, "user": "flush", "ts": ts(10_000)})])
+        query.processAllAvailable()
+
+    result = run_kafka(
+        spark,
+        tmp_path,
+        events.dropDuplicates(["id", "ts"]),
+        [events],
+        [parse(SCHEMA, "topic")],
+        name="kafka_pattern",
+        before_audit=add_topic,
+    )
+    late = [json.loads(r[8]) for r in result["late"]]
+    assert len(late) == dropped_by_watermark(result["progress"])
+    assert {r["id"] for r in late} >= {600, 602}
+    assert {r["topic"] for r in late} >= {f"{prefix}_b"}
+    assert result["status"]["batches_lost"] == 0 and result["status"]["errors"] == 0
+
+
+def new_topic_named(bootstrap: str, name: str) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(30)
+    return name
