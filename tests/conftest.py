@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.kafka_broker import JarsMissing, connector_jars
+
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 # CI replays the same generated examples on every run (a failure there reproduces exactly);
@@ -67,8 +69,13 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
             remote.stop()
         return
 
+    builder = SparkSession.builder
+    # Spark's Kafka connector, when fetched (CI always fetches it; the `kafka` fixture fails
+    # loudly without it)
+    with contextlib.suppress(JarsMissing):
+        builder = builder.config("spark.jars", ",".join(connector_jars()))
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("wmwatch-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
@@ -86,6 +93,20 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         with contextlib.suppress(Exception):  # best effort at teardown
             query.stop()
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The run's one Kafka broker (KRaft, 127.0.0.1), started the first time a test needs it;
+    yields its bootstrap address."""
+    from tests.kafka_broker import kafka_broker
+
+    try:
+        connector_jars()
+    except JarsMissing as exc:
+        pytest.fail(str(exc))
+    with kafka_broker(tmp_path_factory.mktemp("kafka")) as bootstrap:
+        yield bootstrap
 
 
 @pytest.fixture

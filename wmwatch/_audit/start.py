@@ -14,6 +14,7 @@ from wmwatch._audit import connect
 from wmwatch._audit.auditor import Auditor, Resolved
 from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root
 from wmwatch._audit.jvmsource import JvmStreamBatchSource, stream_of
+from wmwatch._audit.kafkasource import KafkaBatchSource, is_kafka_source, kafka_source_of
 from wmwatch._audit.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
 from wmwatch._audit.predicates import JOIN, OperatorSpec
@@ -120,6 +121,11 @@ def _source_of(
     if is_python_source(relation):
         spec = python_source_of(spark, relation)
         return positions, _python_source_at(spec), f"source {spec.name!r}"
+    if is_kafka_source(relation):
+        kafka = kafka_source_of(relation)
+        if prepare is None and frame.columns != [str(n) for n in relation.schema().fieldNames()]:
+            require_prepare(["a projection of the Kafka source's columns"])
+        return positions, lambda index: KafkaBatchSource(kafka, index), kafka.description
     stream = stream_of(spark, relation)
     if stream is not None:
         if prepare is None and frame.columns != [str(n) for n in relation.schema().fieldNames()]:

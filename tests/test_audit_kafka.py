@@ -1,0 +1,48 @@
+"""The Kafka source's pure rules: which offsets a batch read, which were deleted since, and
+that its options (credentials) are never shown. The real-broker tests are in
+tests/test_audit_kafka_spark.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from wmwatch._audit.kafkasource import (
+    KafkaSourceSpec,
+    batch_ranges,
+    gone_below,
+    parse_kafka_offsets,
+)
+from wmwatch._errors import AuditError
+
+
+def test_batch_ranges_per_partition_with_added_partitions_from_zero() -> None:
+    start = parse_kafka_offsets('{"a":{"0":5,"1":7}}', "start")
+    end = parse_kafka_offsets('{"a":{"0":9,"1":7,"2":3},"b":{"0":4}}', "end")
+    # partition 1 read nothing; a-2 and topic b were added since and read from their start
+    assert batch_ranges(start, end) == {"a": {0: (5, 9), 2: (0, 3)}, "b": {0: (0, 4)}}
+
+
+def test_a_new_empty_partition_reads_nothing() -> None:
+    assert batch_ranges({"a": {0: 5}}, {"a": {0: 5, 1: 0}}) == {}
+
+
+def test_gone_below_names_partitions_whose_records_were_deleted() -> None:
+    ranges = {"a": {0: (5, 9), 1: (0, 3)}}
+    assert gone_below(ranges, {("a", 0): 5, ("a", 1): 0}) == []
+    gone = gone_below(ranges, {("a", 0): 6, ("a", 1): 0})
+    assert gone == ["a-0 from 5 (earliest now 6)"]
+
+
+@pytest.mark.parametrize("text", ["not json", '{"a":[1]}', '{"a":{"x":1}}'])
+def test_a_damaged_offset_line_is_one_clear_error(text: str) -> None:
+    with pytest.raises(AuditError, match="offset"):
+        parse_kafka_offsets(text, "end")
+
+
+def test_options_are_never_shown() -> None:
+    secret = "org.apache.kafka.common.security.plain.PlainLoginModule password='s3cret'"
+    spec = KafkaSourceSpec(
+        options={"subscribe": "clicks", "kafka.sasl.jaas.config": secret}, schema_json="{}"
+    )
+    assert "s3cret" not in repr(spec) and "s3cret" not in spec.description
+    assert spec.description == "kafka subscribe=clicks"

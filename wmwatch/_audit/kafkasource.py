@@ -1,0 +1,259 @@
+"""Reading a batch of a Kafka source again.
+
+A Kafka source logs, per batch, the next offset to read of every topic partition
+(``offsets/N``: ``{"clicks":{"0":1234,"1":987}}``), so batch N read ``[offsets/N-1, offsets/N)``
+per partition. The first batch starts where the query started, which the source wrote to its
+own log (``sources/<i>/0``: earliest, latest or the JSON of ``startingOffsets``, resolved to
+offsets); a partition missing from ``offsets/N-1`` was added since and was read from its start.
+:class:`KafkaBatchSource` reads exactly those ranges with Spark's Kafka batch reader, the
+query's own options and the partitions named one by one (``assign``), so topics matched by a
+pattern or partitions added later are read as the batch read them.
+
+Records deleted (retention, ``deleteRecords``) before the audit reached them cannot be read
+again: before each read the partitions' earliest offsets are asked of the broker, and a batch
+that starts below them is counted lost with the reason (:class:`RecordsGone`), never audited
+from what is left. The query's options (``kafka.*`` security settings among them) stay in
+memory; what is logged or stored names only the topics.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from wmwatch._audit.checkpoint import (
+    CheckpointEntryGone,
+    CheckpointReader,
+    logged_offsets,
+    parse_offset_json,
+)
+from wmwatch._audit.source import SOURCE_FILE_COL
+from wmwatch._errors import AuditError
+
+# Options of the streaming reader that a batch read refuses or that mean nothing there.
+_STREAM_ONLY = frozenset(
+    o.lower()
+    for o in (
+        "startingOffsets",
+        "endingOffsets",
+        "startingTimestamp",
+        "endingTimestamp",
+        "startingOffsetsByTimestamp",
+        "endingOffsetsByTimestamp",
+        "startingOffsetsByTimestampStrategy",
+        "maxOffsetsPerTrigger",
+        "minOffsetsPerTrigger",
+        "maxTriggerDelay",
+        "maxRecordsPerPartition",
+        "subscribe",
+        "subscribePattern",
+        "assign",
+        "failOnDataLoss",
+        "path",
+    )
+)
+_SUBSCRIPTIONS = ("subscribe", "subscribePattern", "assign")
+# Settings of the admin client that asks the broker for earliest offsets; the rest of the
+# query's ``kafka.*`` settings (security) are passed as they are.
+_ADMIN_TIMEOUT_MS = "10000"
+_KAFKA_TABLE = "KafkaSourceProvider$KafkaTable"
+
+# {topic: {partition: offset}}
+Offsets = dict[str, dict[int, int]]
+
+
+class RecordsGone(CheckpointEntryGone):
+    """Records of a batch were deleted from Kafka before the audit read them again."""
+
+
+def is_kafka_source(relation: Any) -> bool:
+    """Whether a streaming relation of a logical plan reads Spark's Kafka source."""
+    try:
+        return bool(
+            str(relation.nodeName()) == "StreamingRelationV2"
+            and str(relation.table().getClass().getName()).endswith(_KAFKA_TABLE)
+        )
+    except Exception:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSourceSpec:
+    """The query's Kafka source: its options (never shown: they hold credentials) and schema."""
+
+    options: Mapping[str, str] = field(repr=False)
+    schema_json: str
+
+    @property
+    def description(self) -> str:
+        """The subscription, the one part of the options safe to show."""
+        subscribed = [f"{k}={self.options[k]}" for k in _SUBSCRIPTIONS if k in self.options]
+        return f"kafka {', '.join(subscribed) or '(no subscription)'}"
+
+
+def kafka_source_of(relation: Any) -> KafkaSourceSpec:
+    """The Kafka source ``relation`` reads, with the options the query gave it."""
+    options = {
+        str(k): str(v) for k, v in dict(relation.extraOptions().asCaseSensitiveMap()).items()
+    }
+    return KafkaSourceSpec(options=options, schema_json=str(relation.schema().json()))
+
+
+def parse_kafka_offsets(text: str, what: str) -> Offsets:
+    """A Kafka offset line as ``{topic: {partition: offset}}``."""
+    parsed = parse_offset_json(text, what)
+    try:
+        return {
+            str(topic): {int(p): int(o) for p, o in parts.items()}
+            for topic, parts in parsed.items()
+        }
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise AuditError(
+            f"the {what} offset {text[:80]!r} is not a Kafka offset line "
+            '({"topic":{"0":123}}); the checkpoint is not this source\'s.'
+        ) from exc
+
+
+def batch_ranges(start: Offsets, end: Offsets) -> dict[str, dict[int, tuple[int, int]]]:
+    """Per topic partition, the ``[from, until)`` a batch read: from ``start``'s offset, or 0
+    for a partition ``start`` does not name (added since: the source read it from its start);
+    partitions that read nothing are left out."""
+    ranges: dict[str, dict[int, tuple[int, int]]] = {}
+    for topic, parts in end.items():
+        for partition, until in parts.items():
+            begin = start.get(topic, {}).get(partition, 0)
+            if until > begin:
+                ranges.setdefault(topic, {})[partition] = (begin, until)
+    return ranges
+
+
+def gone_below(
+    ranges: Mapping[str, Mapping[int, tuple[int, int]]], earliest: Mapping[tuple[str, int], int]
+) -> list[str]:
+    """The partitions whose range starts below the broker's earliest offset now, as text."""
+    return [
+        f"{topic}-{partition} from {begin} (earliest now {earliest[(topic, partition)]})"
+        for topic, parts in sorted(ranges.items())
+        for partition, (begin, _) in sorted(parts.items())
+        if earliest.get((topic, partition), 0) > begin
+    ]
+
+
+def _initial_offsets(checkpoint: CheckpointReader, index: int) -> str:
+    """Where the query started reading: the offsets the Kafka source wrote to its own log when
+    it resolved ``startingOffsets`` (a zero byte, ``v1``, then the JSON)."""
+    text = checkpoint.fs.read_text(checkpoint._join("sources", str(index), "0"))
+    lines = [] if text is None else text.lstrip("\x00").splitlines()
+    if len(lines) < 2 or not lines[0].startswith("v"):
+        raise CheckpointEntryGone(
+            f"sources/{index}/0, where the Kafka source logged the offsets it started from, is "
+            "missing or damaged, so where the first batch started reading is unknown"
+        )
+    return lines[1]
+
+
+def _earliest_offsets(
+    spark: Any, options: Mapping[str, str], partitions: list[tuple[str, int]], timeout_s: float
+) -> dict[tuple[str, int], int]:
+    """The broker's earliest offset of each partition now, asked with the query's own client
+    settings (through the driver's JVM, where Spark's connector brings the Kafka client)."""
+    jvm = spark.sparkContext._jvm
+    props = jvm.java.util.Properties()
+    for key, value in options.items():
+        if key.lower().startswith("kafka."):
+            props.setProperty(key[len("kafka.") :], value)
+    for key in ("default.api.timeout.ms", "request.timeout.ms"):
+        props.setProperty(key, _ADMIN_TIMEOUT_MS)
+    admin_pkg = jvm.org.apache.kafka.clients.admin
+    admin = admin_pkg.Admin.create(props)
+    try:
+        wanted = jvm.java.util.HashMap()
+        for topic, partition in partitions:
+            wanted.put(
+                jvm.org.apache.kafka.common.TopicPartition(topic, partition),
+                admin_pkg.OffsetSpec.earliest(),
+            )
+        found = (
+            admin.listOffsets(wanted)
+            .all()
+            .get(int(timeout_s * 1000), jvm.java.util.concurrent.TimeUnit.MILLISECONDS)
+        )
+        return {
+            (str(tp.topic()), int(tp.partition())): int(info.offset())
+            for tp, info in dict(found).items()
+        }
+    finally:
+        admin.close(jvm.java.time.Duration.ofSeconds(5))
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaBatchSource:
+    """A Kafka source: batch N read ``[offsets/N-1, offsets/N)`` of each topic partition."""
+
+    spec: KafkaSourceSpec
+    index: int
+    # the broker is asked at most this long for earliest offsets (a broker that is down makes
+    # the read fail; the audit retries later)
+    broker_timeout_seconds: float = 30.0
+
+    @property
+    def source_index(self) -> int:
+        return self.index
+
+    def batch_input(self, checkpoint: CheckpointReader, batch_id: int) -> tuple[str, str] | None:
+        logged = logged_offsets(
+            checkpoint, batch_id, self.index, lambda: _initial_offsets(checkpoint, self.index)
+        )
+        if logged is None:
+            return None
+        start, end = logged
+        ranges = batch_ranges(parse_kafka_offsets(start, "start"), parse_kafka_offsets(end, "end"))
+        # a partition added without records changes the line but reads nothing
+        return logged if ranges else None
+
+    def read(self, spark: Any, what: Any) -> Any:
+        """The batch's records again, as Spark's Kafka reader gives them; :class:`RecordsGone`
+        when some were deleted since."""
+        from pyspark.sql import functions as F
+
+        start, end = what
+        ranges = batch_ranges(
+            parse_kafka_offsets(start, "start"), parse_kafka_offsets(end, "end")
+        )
+        partitions = [(t, p) for t, parts in ranges.items() for p in parts]
+        try:
+            earliest = _earliest_offsets(
+                spark, self.spec.options, partitions, self.broker_timeout_seconds
+            )
+        except Exception as exc:
+            raise AuditError(
+                f"the Kafka broker did not give the earliest offsets of {self.spec.description} "
+                f"({type(exc).__name__}); retrying later"
+            ) from None
+        gone = gone_below(ranges, earliest)
+        if gone:
+            raise RecordsGone(
+                "its Kafka records were deleted (retention or deleteRecords) before the audit "
+                f"read them again: {'; '.join(gone[:5])}; keep records longer than the audit's lag"
+            )
+        options = {k: v for k, v in self.spec.options.items() if k.lower() not in _STREAM_ONLY}
+        fail_on_loss = self.spec.options.get("failOnDataLoss", "true")
+        frame = (
+            spark.read.format("kafka")
+            .options(**options)
+            .option("assign", json.dumps({t: sorted(parts) for t, parts in ranges.items()}))
+            .option("startingOffsets", _offsets_json(ranges, 0))
+            .option("endingOffsets", _offsets_json(ranges, 1))
+            # as the query: records deleted during the read fail it (then retried and found gone)
+            .option("failOnDataLoss", fail_on_loss)
+            .load()
+        )
+        return frame.withColumn(SOURCE_FILE_COL, F.lit(None).cast("string"))
+
+
+def _offsets_json(ranges: Mapping[str, Mapping[int, tuple[int, int]]], end: int) -> str:
+    return json.dumps(
+        {t: {str(p): r[end] for p, r in sorted(parts.items())} for t, parts in ranges.items()}
+    )
