@@ -47,6 +47,17 @@ def _spark_home() -> str:
     return os.path.dirname(pyspark.__file__)
 
 
+def _kafka_connector_jars() -> list[str]:
+    """Spark's Kafka connector when fetched (as the classic session gets it; the `kafka`
+    fixture fails loudly without it), so Kafka queries run on the server too."""
+    from tests.kafka_broker import JarsMissing, connector_jars
+
+    try:
+        return connector_jars()
+    except JarsMissing:
+        return []
+
+
 @contextlib.contextmanager
 def connect_server(work: Path, *, master: str = "local[2]") -> Iterator[str]:
     """Start a Spark Connect server process; yield its ``sc://`` URL; stop it afterwards."""
@@ -68,6 +79,9 @@ def connect_server(work: Path, *, master: str = "local[2]") -> Iterator[str]:
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     args = ["bash", f"{home}/sbin/start-connect-server.sh", "--master", master]
     conf = {**SERVER_CONF, "spark.connect.grpc.binding.port": str(port)}
+    jars = _kafka_connector_jars()
+    if jars:
+        conf["spark.jars"] = ",".join(jars)
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     subprocess.run(args, env=env, check=True, capture_output=True, timeout=60)

@@ -15,6 +15,9 @@ BASE = datetime(2026, 1, 1, tzinfo=UTC)
 class RealTimeRun:
     """A real-time query over a LowLatencyMemoryStream of ``key,seconds`` strings."""
 
+    # whether the audit replays ``events`` as written (else ``parse`` is its ``prepare=``)
+    as_written = False
+
     def __init__(self, spark: Any, tmp: Any) -> None:
         from pyspark.sql import DataFrame
 
@@ -98,3 +101,48 @@ class RealTimeRun:
     def stop(self) -> None:
         if self.query is not None:
             self.query.stop()
+
+
+class KafkaRealTimeRun(RealTimeRun):
+    """The same real-time run over a Kafka topic of one partition (one source task and one
+    shuffle task fill ``local[2]``'s two slots), ``key,seconds`` strings as record values;
+    ``events`` casts ``value`` to text before parsing it, as a Kafka query does."""
+
+    as_written = False
+
+    def __init__(self, spark: Any, tmp: Any, bootstrap: str) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        self.jvm = spark._jvm
+        self.spark = spark
+        self.tmp = tmp
+        self.bootstrap = bootstrap
+        self.topic = f"rt_{uuid.uuid4().hex[:10]}"
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic(self.topic, 1, 1)])[self.topic].result(30)
+        self.frame = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", self.topic)
+            .option("startingOffsets", "earliest")
+            .load()
+        )
+        self.name = f"rt_{uuid.uuid4().hex[:12]}"
+        self.query = None
+
+    @staticmethod
+    def parse(frame: Any) -> Any:
+        from pyspark.sql import functions as F
+
+        return RealTimeRun.parse(frame.select(F.col("value").cast("string").alias("value")))
+
+    def events(self) -> Any:
+        return self.parse(self.frame).withWatermark("ts", "10 seconds")
+
+    def add(self, *values: str) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0})
+        for value in values:
+            producer.produce(self.topic, value.encode(), partition=0)
+        assert producer.flush(30) == 0

@@ -45,6 +45,11 @@ CONNECT_TESTS = (
     "tests/test_connect.py::test_connect_join_classified_from_plan_text",
     # the audit's jobs are interrupted by the server at their deadline
     "tests/test_spark_jobs.py::test_a_job_past_its_deadline_is_cancelled_and_the_session_goes_on",
+    # Kafka: options off the client's plan, the source's position from its progress
+    # description, deleted records found by Spark's reader (KAFKA_DATA_LOSS)
+    "tests/test_audit_kafka_spark.py::test_kafka_windowed_count_is_exact[small-9]",
+    "tests/test_audit_kafka_spark.py::test_kafka_drop_duplicates_is_exact[large-15]",
+    "tests/test_audit_kafka_spark.py::test_kafka_records_deleted_before_the_audit_are_counted_lost",
 )
 
 

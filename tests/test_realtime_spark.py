@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
 import wmwatch
-from tests.realtime import BASE, RealTimeRun
+from tests.realtime import BASE, KafkaRealTimeRun, RealTimeRun
 from wmwatch._audit.report import LATE_ROWS_SECTION
 from wmwatch._inspect.plugin import PlanPlugin
 from wmwatch.cli import app
@@ -37,6 +37,13 @@ LATE_ROWS = LATE_ROWS_SECTION.key
 @pytest.fixture
 def rt(spark: Any, tmp_path: Path) -> Iterator[RealTimeRun]:
     handle = RealTimeRun(spark, tmp_path)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def kafka_rt(spark: Any, kafka: str, tmp_path: Path) -> Iterator[RealTimeRun]:
+    handle = KafkaRealTimeRun(spark, tmp_path, kafka)
     yield handle
     handle.stop()
 
@@ -56,7 +63,8 @@ def run_audited(rt: RealTimeRun, build: Any, tmp_path: Path) -> dict[str, Any]:
     try:
         events = rt.events()
         rt.start(build(events))
-        audit = watch.audit(rt.query, events, prepare=rt.parse, poll_interval_seconds=0.2)
+        prepare = None if rt.as_written else rt.parse
+        audit = watch.audit(rt.query, events, prepare=prepare, poll_interval_seconds=0.2)
         rt.add("w,100")
         b = rt.wait_for(lambda p: p["numInputRows"] > 0)["batchId"]
         rt.add("a,50")  # batch b+1: its watermark is 90 s, it judges with b's (0): kept
@@ -188,3 +196,17 @@ def test_real_time_deduplication_is_audited_batch_by_batch(
 ) -> None:
     result = run_audited(rt, lambda events: events.dropDuplicates(["k", "ts"]), tmp_path)
     check(result, "dedupe", "dedupe")
+
+
+@pytest.mark.kafka
+def test_real_time_aggregation_over_kafka_is_audited_batch_by_batch(
+    kafka_rt: RealTimeRun, tmp_path: Path
+) -> None:
+    """The same over Kafka: the real-time Kafka source logs each batch's offsets as a
+    micro-batch does, and the audit replays them with Spark's Kafka batch reader."""
+    from pyspark.sql import functions as F
+
+    def counts(events: Any) -> Any:
+        return events.groupBy(F.window("ts", "10 seconds").alias("w")).agg(F.count("*"))
+
+    check(run_audited(kafka_rt, counts, tmp_path), "window", "StatefulStreamlineAggregate")

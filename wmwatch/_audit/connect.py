@@ -12,6 +12,7 @@ files with one bounded Spark job each, caching what never changes.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -19,6 +20,7 @@ from collections import OrderedDict
 from typing import Any
 
 from wmwatch._audit.checkpoint import normalise_path
+from wmwatch._audit.kafkasource import KafkaSourceSpec, is_kafka_format
 from wmwatch._audit.pysource import PythonSourceSpec
 from wmwatch._audit.source import (
     _FORMATS_BY_CLASS,
@@ -53,7 +55,7 @@ class ConnectQuery:
         self.text = ""
         self.plan_text = ""
         # each events DataFrame's source, read off the client's plan (id of the DataFrame)
-        self.sources: dict[int, FileSourceSpec | PythonSourceSpec] = {}
+        self.sources: dict[int, FileSourceSpec | PythonSourceSpec | KafkaSourceSpec] = {}
 
     def planned(self) -> bool:
         """Whether the query has planned a batch; reads its plans the first time it has."""
@@ -177,12 +179,27 @@ def file_source_of(events: Any, relation: Any, *, has_prepare: bool) -> FileSour
     )
 
 
-def source_of(events: Any, *, has_prepare: bool) -> FileSourceSpec | PythonSourceSpec:
-    """The source a Connect events DataFrame reads: a file source or a Python data source."""
+def source_of(
+    events: Any, *, has_prepare: bool
+) -> FileSourceSpec | PythonSourceSpec | KafkaSourceSpec:
+    """The source a Connect events DataFrame reads: a file source, Kafka or a Python data
+    source."""
     relation = streaming_relation(events)
     if is_file_format(relation):
         return file_source_of(events, relation, has_prepare=has_prepare)
+    if is_kafka_format(relation._format):
+        return kafka_source_of(events, relation, has_prepare=has_prepare)
     return python_source_of(events, relation)
+
+
+def kafka_source_of(events: Any, relation: Any, *, has_prepare: bool) -> KafkaSourceSpec:
+    """The Kafka source a Connect events DataFrame reads: the options the client gave it (they
+    stay in memory: security settings among them) and its schema, from the server."""
+    schema_json = _relation_schema_json(events, relation)
+    own = [f["name"] for f in json.loads(schema_json)["fields"]]
+    if not has_prepare and events.columns != own:
+        require_prepare(["a projection of the Kafka source's columns"])
+    return KafkaSourceSpec(options=dict(relation._options or {}), schema_json=schema_json)
 
 
 def _data_source_classes() -> list[Any]:

@@ -12,14 +12,20 @@ pattern or partitions added later are read as the batch read them.
 Records deleted (retention, ``deleteRecords``) before the audit reached them cannot be read
 again: before each read the partitions' earliest offsets are asked of the broker, and a batch
 that starts below them is counted lost with the reason (:class:`RecordsGone`), never audited
-from what is left. The query's options (``kafka.*`` security settings among them) stay in
-memory; what is logged or stored names only the topics.
+from what is left. A Spark Connect client has no JVM to ask the broker with: there the first
+record of each partition's range is read with ``failOnDataLoss`` on, which Spark's reader
+fails with ``KAFKA_DATA_LOSS`` exactly when records below it were deleted (an offset that is
+merely invisible, a transaction marker, is skipped). On Connect the options come from the
+client's own plan of ``events`` and the source's position from the progress's description
+(``KafkaV2[Subscribe[clicks]]``). The query's options (``kafka.*`` security settings among
+them) stay in memory; what is logged or stored names only the topics.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +36,8 @@ from wmwatch._audit.checkpoint import (
     parse_offset_json,
 )
 from wmwatch._audit.source import SOURCE_FILE_COL
+from wmwatch._core.sessions import is_connect
+from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError
 
 # Options of the streaming reader that a batch read refuses or that mean nothing there.
@@ -59,6 +67,13 @@ _SUBSCRIPTIONS = ("subscribe", "subscribePattern", "assign")
 # query's ``kafka.*`` settings (security) are passed as they are.
 _ADMIN_TIMEOUT_MS = "10000"
 _KAFKA_TABLE = "KafkaSourceProvider$KafkaTable"
+# Spark's error condition for records that are not in Kafka any more, and its message (a
+# task's failure reaches a Connect client as a stage failure that quotes only the message)
+_DATA_LOSS = "KAFKA_DATA_LOSS"
+_DATA_LOSS_TEXT = "Some data may have been lost because they are not available in Kafka any more"
+# a Kafka source's progress description: KafkaV2[Subscribe[a, b]], KafkaV2[SubscribePattern[p.*]]
+_DESCRIPTION = re.compile(r"^KafkaV2\[(Subscribe|SubscribePattern|Assign)\[(.*)\]\]$")
+_STRATEGIES = {"Subscribe": "subscribe", "SubscribePattern": "subscribepattern", "Assign": "assign"}
 
 # {topic: {partition: offset}}
 Offsets = dict[str, dict[int, int]]
@@ -99,6 +114,41 @@ def kafka_source_of(relation: Any) -> KafkaSourceSpec:
         str(k): str(v) for k, v in dict(relation.extraOptions().asCaseSensitiveMap()).items()
     }
     return KafkaSourceSpec(options=options, schema_json=str(relation.schema().json()))
+
+
+def is_kafka_format(name: str | None) -> bool:
+    """Whether a reader's format name (a Connect client's plan) is Spark's Kafka source."""
+    return (name or "").lower() in ("kafka", "org.apache.spark.sql.kafka010.kafkasourceprovider")
+
+
+def kafka_positions(descriptions: Sequence[str], spec: KafkaSourceSpec) -> list[int]:
+    """The positions of the sources whose progress description names ``spec``'s subscription
+    (Spark Connect, where no plan object says which source is which)."""
+    options = {k.lower(): v for k, v in spec.options.items()}
+    found = []
+    for index, description in enumerate(descriptions):
+        match = _DESCRIPTION.match(description)
+        if match is None:
+            continue
+        strategy, value = _STRATEGIES[match.group(1)], match.group(2)
+        wanted = options.get(strategy)
+        if wanted is None:
+            continue
+        if strategy == "subscribe":
+            same = _topics(value, ",") == _topics(wanted, ",")
+        elif strategy == "assign":
+            same = {t.rsplit("-", 1)[0] for t in _topics(value, ",")} == set(
+                json.loads(wanted)
+            )
+        else:
+            same = value == wanted
+        if same:
+            found.append(index)
+    return found
+
+
+def _topics(text: str, sep: str) -> set[str]:
+    return {t.strip() for t in text.split(sep) if t.strip()}
 
 
 def parse_kafka_offsets(text: str, what: str) -> Offsets:
@@ -222,6 +272,31 @@ class KafkaBatchSource:
         ranges = batch_ranges(
             parse_kafka_offsets(start, "start"), parse_kafka_offsets(end, "end")
         )
+        if is_connect(spark):
+            self._first_records_readable(spark, ranges)
+        else:
+            self._not_deleted(spark, ranges)
+        fail_on_loss = self.spec.options.get("failOnDataLoss", "true")
+        # as the query: records deleted during the read fail it (then retried and found gone)
+        frame = self._reader(spark, ranges, fail_on_loss).load()
+        return frame.withColumn(SOURCE_FILE_COL, F.lit(None).cast("string"))
+
+    def _reader(
+        self, spark: Any, ranges: Mapping[str, Mapping[int, tuple[int, int]]], fail_on_loss: str
+    ) -> Any:
+        """Spark's Kafka batch reader over ``ranges``, with the query's own client options."""
+        options = {k: v for k, v in self.spec.options.items() if k.lower() not in _STREAM_ONLY}
+        return (
+            spark.read.format("kafka")
+            .options(**options)
+            .option("assign", json.dumps({t: sorted(parts) for t, parts in ranges.items()}))
+            .option("startingOffsets", _offsets_json(ranges, 0))
+            .option("endingOffsets", _offsets_json(ranges, 1))
+            .option("failOnDataLoss", fail_on_loss)
+        )
+
+    def _not_deleted(self, spark: Any, ranges: Mapping[str, Mapping[int, tuple[int, int]]]) -> None:
+        """Classic PySpark: the broker's earliest offsets, asked through the driver's JVM."""
         partitions = [(t, p) for t, parts in ranges.items() for p in parts]
         try:
             earliest = _earliest_offsets(
@@ -234,23 +309,50 @@ class KafkaBatchSource:
             ) from None
         gone = gone_below(ranges, earliest)
         if gone:
-            raise RecordsGone(
-                "its Kafka records were deleted (retention or deleteRecords) before the audit "
-                f"read them again: {'; '.join(gone[:5])}; keep records longer than the audit's lag"
-            )
-        options = {k: v for k, v in self.spec.options.items() if k.lower() not in _STREAM_ONLY}
-        fail_on_loss = self.spec.options.get("failOnDataLoss", "true")
-        frame = (
-            spark.read.format("kafka")
-            .options(**options)
-            .option("assign", json.dumps({t: sorted(parts) for t, parts in ranges.items()}))
-            .option("startingOffsets", _offsets_json(ranges, 0))
-            .option("endingOffsets", _offsets_json(ranges, 1))
-            # as the query: records deleted during the read fail it (then retried and found gone)
-            .option("failOnDataLoss", fail_on_loss)
-            .load()
-        )
-        return frame.withColumn(SOURCE_FILE_COL, F.lit(None).cast("string"))
+            raise RecordsGone(_gone_reason(gone))
+
+    def _first_records_readable(
+        self, spark: Any, ranges: Mapping[str, Mapping[int, tuple[int, int]]]
+    ) -> None:
+        """Spark Connect: each partition's first record of the batch read with
+        ``failOnDataLoss`` on, which fails with ``KAFKA_DATA_LOSS`` when it was deleted."""
+        first = {t: {p: (b, b + 1) for p, (b, _) in parts.items()} for t, parts in ranges.items()}
+        try:
+            with bounded_job(
+                spark,
+                description=f"wmwatch audit: first records of {self.spec.description}",
+                timeout_seconds=self.broker_timeout_seconds,
+            ):
+                self._reader(spark, first, "true").load().select("partition").collect()
+        except Exception as exc:
+            if is_data_loss(exc):
+                starts = [
+                    f"{t}-{p} from {b}"
+                    for t, parts in sorted(ranges.items())
+                    for p, (b, _) in sorted(parts.items())
+                ]
+                raise RecordsGone(_gone_reason(starts, some=True)) from None
+            raise AuditError(
+                f"the Kafka broker did not give the first records of {self.spec.description} "
+                f"({type(exc).__name__}); retrying later"
+            ) from None
+
+
+def is_data_loss(exc: BaseException) -> bool:
+    """Whether Spark's Kafka reader failed because records were deleted (``KAFKA_DATA_LOSS``)."""
+    try:
+        condition = str(exc.getCondition() or "")  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - an error that is not Spark's has no condition
+        condition = ""
+    return condition.startswith(_DATA_LOSS) or _DATA_LOSS_TEXT in str(exc)
+
+
+def _gone_reason(partitions: list[str], *, some: bool = False) -> str:
+    where = "some of " if some else ""
+    return (
+        "its Kafka records were deleted (retention or deleteRecords) before the audit read them "
+        f"again: {where}{'; '.join(partitions[:5])}; keep records longer than the audit's lag"
+    )
 
 
 def _offsets_json(ranges: Mapping[str, Mapping[int, tuple[int, int]]], end: int) -> str:

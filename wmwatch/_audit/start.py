@@ -14,7 +14,13 @@ from wmwatch._audit import connect
 from wmwatch._audit.auditor import Auditor, Resolved
 from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root
 from wmwatch._audit.jvmsource import JvmStreamBatchSource, stream_of
-from wmwatch._audit.kafkasource import KafkaBatchSource, is_kafka_source, kafka_source_of
+from wmwatch._audit.kafkasource import (
+    KafkaBatchSource,
+    KafkaSourceSpec,
+    is_kafka_source,
+    kafka_positions,
+    kafka_source_of,
+)
 from wmwatch._audit.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
 from wmwatch._audit.predicates import JOIN, OperatorSpec
@@ -180,6 +186,12 @@ def _connect_source_of(
         if not positions and len(descriptions) <= 1:
             positions = [0]
         return positions, _file_source_at(spec), ", ".join(spec.paths)
+    if isinstance(spec, KafkaSourceSpec):
+        kafka = spec
+        positions = kafka_positions(descriptions, kafka)
+        if not positions and len(descriptions) <= 1:
+            positions = [0]
+        return positions, lambda index: KafkaBatchSource(kafka, index), kafka.description
     positions = [i for i, d in enumerate(descriptions) if not d.startswith("FileStreamSource[")]
     return positions or [0], _python_source_at(spec), f"source {spec.name!r}"
 
