@@ -23,10 +23,11 @@ rows than the query's first stateful operator read. ``prepare=`` overrides all o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError
 from wmwatch._text import first_line, redact
 
@@ -34,7 +35,7 @@ _CATALYST = "org.apache.spark.sql.catalyst"
 # nodes a batch replay leaves out: they only mark the event-time column for the stream
 _WATERMARK_NODES = frozenset({"EventTimeWatermark", "UpdateEventTimeWatermarkColumn"})
 # steps whose output depends on earlier batches (state) or on a whole stream
-_STATEFUL_PREFIXES = (
+STATEFUL_PREFIXES = (
     "Aggregate",
     "Deduplicate",
     "Distinct",
@@ -122,11 +123,9 @@ _DETERMINISTIC_HINT = (
 )
 
 
-def unreplayable_reason(spark: Any, node: Any) -> str | None:
-    """Why one node of ``events``' plan cannot be replayed over a batch (and what to do), or
-    None."""
-    name = _name(node)
-    if name.startswith(_STATEFUL_PREFIXES):
+def stateful_reason(name: str) -> str | None:
+    """Why a plan node named ``name`` cannot be replayed over one batch, or None."""
+    if name.startswith(STATEFUL_PREFIXES):
         return (
             f"it has a stateful step ({name}) before the query's first stateful operator, whose "
             "output depends on earlier batches; pass as events the DataFrame that step reads"
@@ -136,20 +135,41 @@ def unreplayable_reason(spark: Any, node: Any) -> str | None:
             "it samples rows at random (sample()), so a replay would keep other rows; "
             + _DETERMINISTIC_HINT
         )
+    return None
+
+
+def batch_time_reason(expression: str) -> str:
+    return (
+        f"it uses {expression}, whose value is the time each batch ran, which a replay cannot "
+        f"know; {_DETERMINISTIC_HINT}"
+    )
+
+
+def nondeterministic_reason(expression: str) -> str:
+    return (
+        f"it uses {expression}, which is not deterministic, so a replay would not see the rows "
+        f"the query saw; {_DETERMINISTIC_HINT}"
+    )
+
+
+def refused(reason: str) -> AuditError:
+    """The one-line refusal of ``events`` for ``reason``."""
+    return AuditError(f"events cannot be replayed as written: {reason}.")
+
+
+def unreplayable_reason(spark: Any, node: Any) -> str | None:
+    """Why one node of ``events``' plan (JVM) cannot be replayed over a batch (and what to
+    do), or None."""
+    reason = stateful_reason(_name(node))
+    if reason is not None:
+        return reason
     for expression in _expressions(spark, node):
-        kind = str(expression.getClass().getSimpleName())
-        if kind in _BATCH_TIME:
-            return (
-                f"it uses {_describe(expression)}, whose value is the time each batch ran, "
-                f"which a replay cannot know; {_DETERMINISTIC_HINT}"
-            )
+        if str(expression.getClass().getSimpleName()) in _BATCH_TIME:
+            return batch_time_reason(_describe(expression))
         if not expression.deterministic() and all(
             child.deterministic() for child in _jvm_list(spark, expression.children())
         ):
-            return (
-                f"it uses {_describe(expression)}, which is not deterministic, so a replay "
-                f"would not see the rows the query saw; {_DETERMINISTIC_HINT}"
-            )
+            return nondeterministic_reason(_describe(expression))
     return None
 
 
@@ -246,16 +266,16 @@ def _carry(jvm: Any, spark: Any, node: Any, extra: list[Any]) -> tuple[Any, list
     return node, [a for a in extra if output.contains(a)]
 
 
-def as_written(spark: Any, events: Any) -> EventsAsWritten:
-    """How to replay a batch of ``events``' source as ``events`` transforms it; raises
-    :class:`AuditError` with the reason when that transformation cannot be replayed."""
-    jdf = getattr(events, "_jdf", None)
-    if jdf is None:
-        raise AuditError(
-            "events is not a classic PySpark DataFrame; pass prepare= to replay its "
-            "transformation."
-        )
-    root = jdf.queryExecution().analyzed()
+def as_written(spark: Any, events: Any) -> Callable[[Any], Any]:
+    """How to replay a batch of ``events``' source as ``events`` transforms it (a function of
+    the batch DataFrame); raises :class:`AuditError` with the reason when that transformation
+    cannot be replayed. On Spark Connect the client's own plan is rewritten instead
+    (:mod:`wmwatch._audit.events_replay_connect`)."""
+    if is_connect(events):
+        from wmwatch._audit.events_replay_connect import connect_as_written
+
+        return connect_as_written(events)
+    root = events._jdf.queryExecution().analyzed()
     paths = _leaf_paths(spark, root)
     if len(paths) != 1:
         raise AuditError(
@@ -268,7 +288,7 @@ def as_written(spark: Any, events: Any) -> EventsAsWritten:
     for node, _ in paths[0][1:]:
         reason = unreplayable_reason(spark, node)
         if reason is not None:
-            raise AuditError(f"events cannot be replayed as written: {reason}.")
+            raise refused(reason)
     return EventsAsWritten(
         leaf_attributes=tuple(_jvm_list(spark, leaf.output())),
         ancestors=tuple(paths[0][1:]),

@@ -267,7 +267,6 @@ def _connect_resolver(
     spark: Any,
     query: Any,
     frames: list[Any],
-    prepares: list[Callable[[Any], Any] | None],
     checkpoint: str | os.PathLike[str] | None,
     timeout_seconds: float,
     resolved: Callable[[Any, str, CheckpointReader], Resolved],
@@ -277,8 +276,9 @@ def _connect_resolver(
     a batch. The checkpoint is read through the server, which sees its filesystem; the client
     may not, or may see another folder at the same path."""
     known = connect.ConnectQuery(query)
-    for frame, prepare in zip(frames, prepares, strict=True):
-        known.sources[id(frame)] = connect.source_of(frame, has_prepare=prepare is not None)
+    for frame in frames:
+        # each events DataFrame comes with a prepare (its own, or events as written)
+        known.sources[id(frame)] = connect.source_of(frame, has_prepare=True)
     files = connect.SessionFileSystem(spark, timeout_seconds=timeout_seconds)
 
     def resolve() -> Resolved | None:
@@ -320,11 +320,11 @@ def start_audit(
     ``events`` is the streaming DataFrame the query reads before its stateful operator, or, for a
     query with several inputs (a join, a union), a list of them, one per source. Each batch is
     replayed through ``events`` as written: its own transformation of the source (parsing,
-    filters, new columns) runs over the batch's raw rows; what cannot be replayed (a
-    non-deterministic expression, a stateful step inside ``events``) is refused with the reason.
-    ``prepare`` overrides that: the function (a list of them, one per events DataFrame, None
-    where not needed) that turns the raw source DataFrame (read as a batch) into the same rows;
-    on Spark Connect it is still needed when ``events`` transforms its source. Each input's
+    filters, new columns) runs over the batch's raw rows, on classic PySpark and Spark Connect;
+    what cannot be replayed (a non-deterministic expression, a stateful step inside ``events``)
+    is refused with the reason. ``prepare`` overrides that: the function (a list of them, one
+    per events DataFrame, None where not needed) that turns the raw source DataFrame (read as a
+    batch) into the same rows. Each input's
     operator, join side, event-time column, delay and window come from the query's plan; for a
     query with one audited input the keyword arguments override them. ``sink="parquet"`` writes
     each batch's late rows with Spark under ``parquet_path`` instead of collecting them into
@@ -394,9 +394,13 @@ def start_audit(
 
     resolve: Callable[[], Resolved | None] | None = None
     if is_connect(spark):
-        resolve = _connect_resolver(
-            spark, query, frames, prepares, checkpoint, job_timeout_seconds, resolved
-        )
+        # the query's plan may not be known yet: events as written is read off each events
+        # DataFrame now, so that what cannot be replayed is refused here
+        prepares = [
+            p if p is not None else as_written(spark, f)
+            for f, p in zip(frames, prepares, strict=True)
+        ]
+        resolve = _connect_resolver(spark, query, frames, checkpoint, job_timeout_seconds, resolved)
         now = resolve()
         # a query that has not planned a batch yet is resolved by the audit's thread once it
         # has; until then the audit waits and status() says plan_known=False
