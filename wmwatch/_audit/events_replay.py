@@ -226,9 +226,9 @@ class EventsAsWritten:
         """The batch with the leaf's columns first, in its order and types, then the columns
         the audit attached (carried through the replay)."""
         from pyspark.sql import functions as F
-        from pyspark.sql.types import _parse_datatype_json_string
 
-        have = {f.name: f.dataType for f in batch.schema.fields}
+        have = set(batch.columns)
+        schema = batch._jdf.schema()
         columns = []
         for attr in self.leaf_attributes:
             name = str(attr.name())
@@ -237,8 +237,10 @@ class EventsAsWritten:
                     f"the replayed rows of {self.description} have no column {name!r}, which "
                     "events reads from its source; pass prepare= to build events from them."
                 )
-            wanted = _parse_datatype_json_string(str(attr.dataType().json()))
-            columns.append(F.col(name) if have[name] == wanted else F.col(name).cast(wanted))
+            wanted = attr.dataType()
+            # sameType ignores nullability, which a cast could not always change
+            same = schema.apply(name).dataType().sameType(wanted)
+            columns.append(F.col(name) if same else F.col(name).cast(str(wanted.catalogString())))
         leaf_names = {str(a.name()) for a in self.leaf_attributes}
         carried = [c for c in batch.columns if c not in leaf_names]
         return batch.select(*columns, *carried)
