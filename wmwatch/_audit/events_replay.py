@@ -125,6 +125,12 @@ _DETERMINISTIC_HINT = (
 
 def stateful_reason(name: str) -> str | None:
     """Why a plan node named ``name`` cannot be replayed over one batch, or None."""
+    if name.startswith("Join"):
+        # with one streaming read in events, the other side is a table read as it is now
+        return (
+            "it joins its stream with another DataFrame (Join), which a replay would read as it "
+            "is now; pass as events the DataFrame the join reads, or prepare="
+        )
     if name.startswith(STATEFUL_PREFIXES):
         return (
             f"it has a stateful step ({name}) before the query's first stateful operator, whose "

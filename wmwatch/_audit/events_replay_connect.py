@@ -56,25 +56,32 @@ _CARRYING = (
 )
 
 
-def _children(node: Any) -> list[tuple[str, Any]]:
+def _children(node: Any) -> list[tuple[tuple[str, ...], Any]]:
+    """A node's children, each once, with every attribute that holds it (a join keeps its left
+    side as ``_child`` and as ``left``)."""
     from pyspark.sql.connect.plan import LogicalPlan
 
-    return [(k, v) for k, v in vars(node).items() if isinstance(v, LogicalPlan)]
+    held: dict[int, tuple[tuple[str, ...], Any]] = {}
+    for name, value in vars(node).items():
+        if isinstance(value, LogicalPlan):
+            names, _ = held.get(id(value), ((), value))
+            held[id(value)] = ((*names, name), value)
+    return list(held.values())
 
 
-def _leaf_paths(root: Any) -> list[list[tuple[Any, str]]]:
-    """For every streaming read: the read first (attribute ""), then its ancestors, nearest
-    first, each with the attribute that holds the child the path goes through."""
+def _leaf_paths(root: Any) -> list[list[tuple[Any, tuple[str, ...]]]]:
+    """For every streaming read: the read first (no attribute), then its ancestors, nearest
+    first, each with the attributes that hold the child the path goes through."""
     from pyspark.sql.connect.plan import DataSource
 
-    found: list[list[tuple[Any, str]]] = []
+    found: list[list[tuple[Any, tuple[str, ...]]]] = []
 
-    def walk(node: Any, ancestors: list[tuple[Any, str]]) -> None:
+    def walk(node: Any, ancestors: list[tuple[Any, tuple[str, ...]]]) -> None:
         if isinstance(node, DataSource) and node._is_streaming:
-            found.append([(node, ""), *reversed(ancestors)])
+            found.append([(node, ()), *reversed(ancestors)])
             return
-        for attribute, child in _children(node):
-            walk(child, [*ancestors, (node, attribute)])
+        for attributes, child in _children(node):
+            walk(child, [*ancestors, (node, attributes)])
 
     walk(root, [])
     return found
@@ -103,8 +110,8 @@ class ConnectEventsAsWritten:
     """``events``' plan over its streaming read, ready to be hung over a batch's read."""
 
     read: Any = field(compare=False)
-    # the read's ancestors, nearest first, each with the attribute holding the path's child
-    ancestors: tuple[tuple[Any, str], ...] = field(compare=False)
+    # the read's ancestors, nearest first, each with the attributes holding the path's child
+    ancestors: tuple[tuple[Any, tuple[str, ...]], ...] = field(compare=False)
     columns: tuple[str, ...]
 
     def __call__(self, batch: Any) -> Any:
@@ -132,11 +139,12 @@ class ConnectEventsAsWritten:
         node = copy.copy(selected._plan)
         # references tied to the streaming read (raw["value"]) resolve against this node
         node._root_plan_id = self.read._root_plan_id
-        for parent, attribute in self.ancestors:
+        for parent, attributes in self.ancestors:
             if isinstance(parent, WithWatermark):
                 continue
             rebuilt = copy.copy(parent)
-            setattr(rebuilt, attribute, node)
+            for attribute in attributes:
+                setattr(rebuilt, attribute, node)
             if carried and isinstance(rebuilt, Project):
                 rebuilt._columns = [*rebuilt._columns, *(F.col(c) for c in carried)]
             node = rebuilt
