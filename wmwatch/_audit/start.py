@@ -124,8 +124,6 @@ def _source_of(
         return positions, _python_source_at(spec), f"source {spec.name!r}"
     if is_kafka_source(relation):
         kafka = kafka_source_of(relation)
-        if prepare is None and frame.columns != [str(n) for n in relation.schema().fieldNames()]:
-            require_prepare(["a projection of the Kafka source's columns"])
         return positions, lambda index: KafkaBatchSource(kafka, index), kafka.description
     stream = stream_of(spark, relation)
     if stream is not None:
