@@ -12,7 +12,6 @@ files with one bounded Spark job each, caching what never changes.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -188,18 +187,17 @@ def source_of(
     if is_file_format(relation):
         return file_source_of(events, relation, has_prepare=has_prepare)
     if is_kafka_format(relation._format):
-        return kafka_source_of(events, relation, has_prepare=has_prepare)
+        return kafka_source_of(events, relation)
     return python_source_of(events, relation)
 
 
-def kafka_source_of(events: Any, relation: Any, *, has_prepare: bool) -> KafkaSourceSpec:
+def kafka_source_of(events: Any, relation: Any) -> KafkaSourceSpec:
     """The Kafka source a Connect events DataFrame reads: the options the client gave it (they
     stay in memory: security settings among them) and its schema, from the server."""
-    schema_json = _relation_schema_json(events, relation)
-    own = [f["name"] for f in json.loads(schema_json)["fields"]]
-    if not has_prepare and events.columns != own:
-        require_prepare(["a projection of the Kafka source's columns"])
-    return KafkaSourceSpec(options=dict(relation._options or {}), schema_json=schema_json)
+    return KafkaSourceSpec(
+        options=dict(relation._options or {}),
+        schema_json=_relation_schema_json(events, relation),
+    )
 
 
 def _data_source_classes() -> list[Any]:

@@ -13,6 +13,7 @@ from typing import Any
 from wmwatch._audit import connect
 from wmwatch._audit.auditor import Auditor, Resolved
 from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root
+from wmwatch._audit.events_replay import as_written
 from wmwatch._audit.jvmsource import JvmStreamBatchSource, stream_of
 from wmwatch._audit.kafkasource import (
     KafkaBatchSource,
@@ -40,7 +41,6 @@ from wmwatch._audit.source import (
     file_source_of,
     relation_of,
     relation_position,
-    require_prepare,
     source_indexes,
 )
 from wmwatch._core.plugins import WatchContext
@@ -116,10 +116,11 @@ def _watermarked_column(events: Any) -> str | None:
 
 
 def _source_of(
-    spark: Any, frame: Any, prepare: Callable[[Any], Any] | None, query_plan: Any, plan_text: str
+    spark: Any, frame: Any, query_plan: Any, plan_text: str
 ) -> tuple[list[int], Callable[[int], BatchSource], str]:
     """Where the source ``frame`` reads sits in the query (candidate source indexes), how to
-    read it again given its index, and a name for messages."""
+    read it again given its index, and a name for messages. On classic PySpark whatever
+    ``frame`` does to its source is replayed as written (:mod:`wmwatch._audit.events_replay`)."""
     if isinstance(query_plan, connect.ConnectQuery):
         return _connect_source_of(frame, query_plan)
     relation = relation_of(frame)
@@ -129,13 +130,9 @@ def _source_of(
         return positions, _python_source_at(spec), f"source {spec.name!r}"
     if is_kafka_source(relation):
         kafka = kafka_source_of(relation)
-        if prepare is None and frame.columns != [str(n) for n in relation.schema().fieldNames()]:
-            require_prepare(["a projection of the Kafka source's columns"])
         return positions, lambda index: KafkaBatchSource(kafka, index), kafka.description
     stream = stream_of(spark, relation)
     if stream is not None:
-        if prepare is None and frame.columns != [str(n) for n in relation.schema().fieldNames()]:
-            require_prepare(["a projection of the stream's columns"])
         schema_json = str(relation.schema().json())
         what = str(stream.toString())[:200]
         return (
@@ -143,7 +140,7 @@ def _source_of(
             lambda index: JvmStreamBatchSource(stream, schema_json, index, what),
             f"stream {what}",
         )
-    files = file_source_of(spark, frame, has_prepare=prepare is not None)
+    files = file_source_of(spark, frame, has_prepare=True)
     return (
         positions or source_indexes(plan_text, files),
         _file_source_at(files),
@@ -209,11 +206,13 @@ def _replay_inputs(
     taken: set[int] = set()
     inputs: list[ReplayInput] = []
     for position, (frame, prepare) in enumerate(zip(events, prepares, strict=True)):
+        replayable = True
         try:
-            found, make_source, what = _source_of(spark, frame, prepare, query_plan, plan_text)
+            found, make_source, what = _source_of(spark, frame, query_plan, plan_text)
         except UnsupportedSourceError as exc:
             # audited without its rows: what Spark dropped from it is counted from progress
             found, make_source, what = _unreplayable(frame, query_plan, exc)
+            replayable = False
         candidates = [i for i in found if i not in taken]
         if not candidates:
             raise AuditError(
@@ -234,6 +233,9 @@ def _replay_inputs(
             # a join side judges the one column of its input that carries the watermark, which
             # is a window struct when the join keys hold windows
             spec = replace(spec, event_time_column=own)
+        if prepare is None and replayable and not isinstance(query_plan, connect.ConnectQuery):
+            # events as written: its own plan, over each batch of its source's raw rows
+            prepare = as_written(spark, frame)
         inputs.append(
             ReplayInput(
                 source=make_source(index),
@@ -283,7 +285,6 @@ def _connect_resolver(
     spark: Any,
     query: Any,
     frames: list[Any],
-    prepares: list[Callable[[Any], Any] | None],
     checkpoint: str | os.PathLike[str] | None,
     timeout_seconds: float,
     resolved: Callable[[Any, str, CheckpointReader], Resolved],
@@ -293,8 +294,9 @@ def _connect_resolver(
     a batch. The checkpoint is read through the server, which sees its filesystem; the client
     may not, or may see another folder at the same path."""
     known = connect.ConnectQuery(query)
-    for frame, prepare in zip(frames, prepares, strict=True):
-        known.sources[id(frame)] = connect.source_of(frame, has_prepare=prepare is not None)
+    for frame in frames:
+        # each events DataFrame comes with a prepare (its own, or events as written)
+        known.sources[id(frame)] = connect.source_of(frame, has_prepare=True)
     files = connect.SessionFileSystem(spark, timeout_seconds=timeout_seconds)
 
     def resolve() -> Resolved | None:
@@ -335,13 +337,17 @@ def start_audit(
     :class:`AuditHandle`.
 
     ``events`` is the streaming DataFrame the query reads before its stateful operator, or, for a
-    query with several inputs (a join, a union), a list of them, one per source. When one is
-    more than ``spark.readStream...load()`` plus ``withWatermark``, pass ``prepare``: the function
-    (a list of them, one per events DataFrame, None where not needed) that turns the raw source
-    DataFrame (read as a batch) into the same rows. Each input's operator, join side, event-time
-    column, delay and window come from the query's plan; for a query with one audited input the
-    keyword arguments override them. ``sink="parquet"`` writes each batch's late rows with Spark
-    under ``parquet_path`` instead of collecting them into DuckDB.
+    query with several inputs (a join, a union), a list of them, one per source. Each batch is
+    replayed through ``events`` as written: its own transformation of the source (parsing,
+    filters, new columns) runs over the batch's raw rows, on classic PySpark and Spark Connect;
+    what cannot be replayed (a non-deterministic expression, a stateful step inside ``events``)
+    is refused with the reason. ``prepare`` overrides that: the function (a list of them, one
+    per events DataFrame, None where not needed) that turns the raw source DataFrame (read as a
+    batch) into the same rows. Each input's
+    operator, join side, event-time column, delay and window come from the query's plan; for a
+    query with one audited input the keyword arguments override them. ``sink="parquet"`` writes
+    each batch's late rows with Spark under ``parquet_path`` instead of collecting them into
+    DuckDB.
 
     On Spark Connect the audit works the same through the session; a query that has not
     planned a batch yet is read once it has (``status()["plan_known"]``), and a plan that cannot
@@ -413,9 +419,13 @@ def start_audit(
 
     resolve: Callable[[], Resolved | None] | None = None
     if is_connect(spark):
-        resolve = _connect_resolver(
-            spark, query, frames, prepares, checkpoint, job_timeout_seconds, resolved
-        )
+        # the query's plan may not be known yet: events as written is read off each events
+        # DataFrame now, so that what cannot be replayed is refused here
+        prepares = [
+            p if p is not None else as_written(spark, f)
+            for f, p in zip(frames, prepares, strict=True)
+        ]
+        resolve = _connect_resolver(spark, query, frames, checkpoint, job_timeout_seconds, resolved)
         now = resolve()
         # a query that has not planned a batch yet is resolved by the audit's thread once it
         # has; until then the audit waits and status() says plan_known=False
