@@ -2,8 +2,11 @@
 and Spark's own Kafka connector.
 
 Each scenario produces out-of-order JSON events into topics of 3 partitions (late rows in several
-partitions), runs the production query twice with different batching (``maxOffsetsPerTrigger``),
-and checks what the audit recorded against what Spark dropped and emitted.
+partitions, and a record per partition that is not JSON), runs the production query twice with
+different batching (``maxOffsetsPerTrigger``), and checks what the audit recorded against what
+Spark dropped and emitted. ``events`` is written as a Kafka query writes it (``CAST(value AS
+STRING)``, ``from_json``, ``select("j.*")``, a filter, ``withColumn``, ``withWatermark``) and
+audited as written, without ``prepare=``; one test shows that ``prepare=`` still overrides it.
 """
 
 from __future__ import annotations
@@ -93,9 +96,30 @@ def event_stream(seed: int, count: int = 60) -> list[tuple[int, int, str]]:
     return out
 
 
+def written(raw: Any, schema: str, *extra: str) -> Any:
+    """``events`` as a Kafka query writes it: the value as text, parsed, the fields selected,
+    records that are not events (no id) filtered out and a column added; the caller adds
+    ``withWatermark``."""
+    from pyspark.sql import functions as F
+
+    key = schema.split()[0]  # id, lid or rid
+    return (
+        raw.selectExpr("CAST(value AS STRING) AS json", *extra)
+        .select(F.from_json("json", schema).alias("j"), *extra)
+        .select("j.*", *extra)
+        .where(F.col(key).isNotNull())
+        .withColumn(f"{key}_twice", F.col(key) * 2)
+    )
+
+
+def assert_replayed_as_written(late: list[Any], key: str = "id") -> None:
+    """The late rows went through ``events``' own ``withColumn``."""
+    rows = [json.loads(r[8]) for r in late]
+    assert rows and all(r[f"{key}_twice"] == 2 * r[key] for r in rows), rows[:3]
+
+
 def parse(schema: str, *extra: str) -> Any:
-    """The query's own transformation of Kafka records (JSON values), also the audit's
-    ``prepare=`` until events are replayed from their plan."""
+    """A transformation of Kafka records (JSON values) by hand, for ``prepare=``."""
     from pyspark.sql import functions as F
 
     def prepare(raw: Any) -> Any:
@@ -125,7 +149,7 @@ def run_kafka(
     folder: Any,
     query_frame: Any,
     events: list[Any],
-    prepares: list[Any],
+    prepares: list[Any] | None = None,
     *,
     name: str,
     before_audit: Any = None,
@@ -200,6 +224,14 @@ def run_kafka(
 
 
 def produce_events(bootstrap: str, topic: str, stream: list[tuple[int, int, str]]) -> list[Any]:
+    """The stream's events, after a record per partition that is not JSON (which ``events``
+    filters out); returns the events."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "all"})
+    for partition in range(PARTITIONS):
+        producer.produce(topic, b"not json", partition=partition)
+    assert producer.flush(30) == 0
     rows = [{"id": i, "user": u, "ts": ts(s)} for i, (_, s, u) in enumerate(stream)]
     produce(bootstrap, topic, [(p, row) for (p, _, _), row in zip(stream, rows, strict=True)])
     return rows
@@ -217,7 +249,7 @@ def test_kafka_windowed_count_is_exact(
 
     topic = new_topic(kafka)
     rows = produce_events(kafka, topic, event_stream(seed=3))
-    events = parse(SCHEMA)(kafka_stream(spark, kafka, topic, per_trigger)).withWatermark(
+    events = written(kafka_stream(spark, kafka, topic, per_trigger), SCHEMA).withWatermark(
         "ts", "10 seconds"
     )
     result = run_kafka(
@@ -225,7 +257,6 @@ def test_kafka_windowed_count_is_exact(
         tmp_path,
         events.groupBy(F.window("ts", "10 seconds")).count(),
         [events],
-        [parse(SCHEMA)],
         name=f"kafka_window_{batching}",
     )
     expected = Counter(
@@ -240,6 +271,7 @@ def test_kafka_windowed_count_is_exact(
     assert result["status"]["errors"] == 0 and result["status"]["batches_lost"] == 0
     late_partitions = {json.loads(r[8])["id"] % PARTITIONS for r in result["late"]}
     assert len(late_partitions) >= 2, "late rows in several partitions"
+    assert_replayed_as_written(result["late"])
 
 
 def sec_of(iso: str) -> float:
@@ -262,7 +294,7 @@ def test_kafka_drop_duplicates_is_exact(
 
     topic = new_topic(kafka)
     rows = produce_events(kafka, topic, event_stream(seed=5))
-    events = parse(SCHEMA)(kafka_stream(spark, kafka, topic, per_trigger)).withWatermark(
+    events = written(kafka_stream(spark, kafka, topic, per_trigger), SCHEMA).withWatermark(
         "ts", "10 seconds"
     )
     result = run_kafka(
@@ -270,7 +302,6 @@ def test_kafka_drop_duplicates_is_exact(
         tmp_path,
         events.dropDuplicates(["user", "ts"]),
         [events],
-        [parse(SCHEMA)],
         name=f"kafka_dedupe_{batching}",
     )
     # row ts values are datetimes in the output, ISO text in the input: compare as text
@@ -279,6 +310,7 @@ def test_kafka_drop_duplicates_is_exact(
     result["files"] = [rows]
     check_dedupe(result, lambda r: (r["user"], r["ts"]), "dedupe")
     assert result["status"]["batches_lost"] == 0
+    assert_replayed_as_written(result["late"])
 
 
 @pytest.mark.parametrize(("batching", "per_trigger"), BATCHINGS)
@@ -304,24 +336,24 @@ def test_kafka_stream_stream_join_is_exact(
             for i, (p, s, u) in enumerate(right_stream)
         ],
     )
-    left = parse(LEFT_SCHEMA)(kafka_stream(spark, kafka, left_topic, per_trigger)).withWatermark(
-        "lt", "10 seconds"
-    )
-    right = parse(RIGHT_SCHEMA)(
-        kafka_stream(spark, kafka, right_topic, per_trigger)
-    ).withWatermark("rt", "10 seconds")
+    left = written(kafka_stream(spark, kafka, left_topic, per_trigger), LEFT_SCHEMA)
+    left = left.withWatermark("lt", "10 seconds")
+    right = written(kafka_stream(spark, kafka, right_topic, per_trigger), RIGHT_SCHEMA)
+    right = right.withWatermark("rt", "10 seconds")
     condition = F.expr("lk = rk AND lt BETWEEN rt - INTERVAL 5 SECONDS AND rt + INTERVAL 5 SECONDS")
     result = run_kafka(
         spark,
         tmp_path,
         left.join(right, condition, "inner"),
         [right, left],  # any order
-        [parse(RIGHT_SCHEMA), parse(LEFT_SCHEMA)],
         name=f"kafka_join_{batching}",
     )
     result["late"] = result["late_join"]
     check_join(result, sides=("left", "right"))
     assert result["status"]["batches_lost"] == 0
+    for row in (json.loads(r[8]) for r in result["late"]):
+        key = "lid" if "lid" in row else "rid"
+        assert row[f"{key}_twice"] == 2 * row[key], row
 
 
 def per_batch_dropped(progress: list[dict[str, Any]]) -> dict[int, int]:
@@ -333,15 +365,15 @@ def per_batch_dropped(progress: list[dict[str, Any]]) -> dict[int, int]:
 
 def test_kafka_partition_added_mid_stream(spark: Any, kafka: str, tmp_path: Any) -> None:
     """Rows of a partition added while the query runs are read from its start, late ones
-    audited like the others."""
+    audited like the others. ``prepare=`` given here overrides events as written: the late rows
+    are the ones it builds (without the column ``events`` adds)."""
     from confluent_kafka.admin import AdminClient, NewPartitions
 
     topic = new_topic(kafka)
     first = event_stream(seed=21, count=30)[:-1]  # no flush yet
     rows = produce_events(kafka, topic, first)
-    events = parse(SCHEMA, "partition")(kafka_stream(spark, kafka, topic, None)).withWatermark(
-        "ts", "10 seconds"
-    )
+    events = written(kafka_stream(spark, kafka, topic, None), SCHEMA, "partition")
+    events = events.withWatermark("ts", "10 seconds")
     added: list[dict[str, Any]] = []
 
     def add_partition(query: Any) -> None:
@@ -375,6 +407,7 @@ def test_kafka_partition_added_mid_stream(spark: Any, kafka: str, tmp_path: Any)
     assert {r["id"] for r in late} >= {500, 502, 503}
     assert {r["partition"] for r in late} >= {1, 3}
     assert result["status"]["batches_lost"] == 0 and result["status"]["errors"] == 0
+    assert "id_twice" in events.columns and not any("id_twice" in r for r in late)
 
 
 def test_kafka_records_deleted_before_the_audit_are_counted_lost(
@@ -387,7 +420,7 @@ def test_kafka_records_deleted_before_the_audit_are_counted_lost(
 
     topic = new_topic(kafka)
     produce_events(kafka, topic, event_stream(seed=31))
-    events = parse(SCHEMA)(kafka_stream(spark, kafka, topic, 12)).withWatermark(
+    events = written(kafka_stream(spark, kafka, topic, 12), SCHEMA).withWatermark(
         "ts", "10 seconds"
     )
     deleted_below = 12  # on partitions 0 and 1: the first batches' records
@@ -403,7 +436,6 @@ def test_kafka_records_deleted_before_the_audit_are_counted_lost(
         tmp_path,
         events.dropDuplicates(["user", "ts"]),
         [events],
-        [parse(SCHEMA)],
         name="kafka_deleted",
         before_audit=delete,
     )
@@ -460,7 +492,7 @@ def test_kafka_broker_down_the_audit_retries_then_audits_exactly(
             # that stopping it while it waits for the broker does not wait that long
             timeouts = {"kafka.default.api.timeout.ms": "10000", "kafka.request.timeout.ms": "5000"}
             stream = kafka_stream(spark, bootstrap, topic, 9, **timeouts)
-            events = parse(SCHEMA)(stream).withWatermark("ts", "10 seconds")
+            events = written(stream, SCHEMA).withWatermark("ts", "10 seconds")
             query = (
                 events.dropDuplicates(["user", "ts"])
                 .writeStream.format("memory")
@@ -470,7 +502,7 @@ def test_kafka_broker_down_the_audit_retries_then_audits_exactly(
             )
             query.processAllAvailable()
         # the broker is down
-        handle = watch.audit(query, events, prepare=parse(SCHEMA))
+        handle = watch.audit(query, events)
         deadline = time.monotonic() + 90
         while handle.status()["errors"] == 0 and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -507,7 +539,7 @@ def test_kafka_topic_matched_by_pattern_mid_stream(spark: Any, kafka: str, tmp_p
         .option("includeHeaders", "true")
         .load()
     )
-    events = parse(SCHEMA, "topic")(stream).withWatermark("ts", "10 seconds")
+    events = written(stream, SCHEMA, "topic").withWatermark("ts", "10 seconds")
 
     def add_topic(query: Any) -> None:
         second = new_topic_named(kafka, f"{prefix}_b")
@@ -533,7 +565,6 @@ def test_kafka_topic_matched_by_pattern_mid_stream(spark: Any, kafka: str, tmp_p
         tmp_path,
         events.dropDuplicates(["id", "ts"]),
         [events],
-        [parse(SCHEMA, "topic")],
         name="kafka_pattern",
         before_audit=add_topic,
     )
