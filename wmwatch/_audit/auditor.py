@@ -159,6 +159,9 @@ class Auditor:
         # may hold one)
         self.count_kept_behind = count_kept_behind
         self._warned_no_slot = False
+        # the most tasks seen running at once while the real-time run lasts: what its batches
+        # hold (the audit's own replays never run while it looks)
+        self._most_tasks_seen = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -650,8 +653,11 @@ class Auditor:
         A real-time batch must get every task slot its stages need at once, or Spark fails the
         query (``CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT``); its tasks hold their slots for the
         whole batch. So while the audited run lasts, a replay (one task at a time) starts only
-        when, twice in a row, a batch is running and a slot is left over: then the query keeps
-        its slots at the next batch too. After the run stopped, nothing competes.
+        when, twice in a row, a batch is running and a slot is left over beside the most tasks
+        ever seen running at once: a batch's ending stages free their slots one by one (a
+        source's task ends before the aggregation that drains it), and a replay started in
+        that moment would hold a slot the next batch needs. After the run stopped, nothing
+        competes.
         """
         if self._finishing():
             with self._lock:
@@ -661,7 +667,9 @@ class Auditor:
             if attempt:
                 time.sleep(_SLOT_CHECK_SECONDS)
             slots = _task_slots(self.replayer.spark)
-            if slots is None or slots[1] == 0 or slots[0] - slots[1] < 1:
+            if slots is not None:
+                self._most_tasks_seen = max(self._most_tasks_seen, slots[1])
+            if slots is None or slots[1] == 0 or slots[0] - self._most_tasks_seen < 1:
                 with self._lock:
                     self._counters.waiting_for_slot = True
                 if not self._warned_no_slot:
