@@ -10,6 +10,8 @@ from wmwatch._audit.kafkasource import (
     KafkaSourceSpec,
     batch_ranges,
     gone_below,
+    is_data_loss,
+    kafka_positions,
     parse_kafka_offsets,
 )
 from wmwatch._errors import AuditError
@@ -46,3 +48,32 @@ def test_options_are_never_shown() -> None:
     )
     assert "s3cret" not in repr(spec) and "s3cret" not in spec.description
     assert spec.description == "kafka subscribe=clicks"
+
+
+def test_kafka_sources_found_by_their_progress_description() -> None:
+    """On Spark Connect a Kafka source's position comes from its progress description."""
+    descriptions = [
+        "FileStreamSource[file:/in]",
+        "KafkaV2[Subscribe[clicks, views]]",
+        "KafkaV2[SubscribePattern[p_.*]]",
+        "KafkaV2[Assign[orders-0, orders-1]]",
+        "KafkaV2[Subscribe[clicks]]",
+    ]
+
+    def spec(**options: str) -> KafkaSourceSpec:
+        return KafkaSourceSpec(options=options, schema_json="{}")
+
+    assert kafka_positions(descriptions, spec(subscribe="views,clicks")) == [1]
+    assert kafka_positions(descriptions, spec(subscribe="clicks")) == [4]
+    assert kafka_positions(descriptions, spec(subscribePattern="p_.*")) == [2]
+    assert kafka_positions(descriptions, spec(assign='{"orders":[0,1]}')) == [3]
+    assert kafka_positions(descriptions, spec(subscribe="other")) == []
+
+
+def test_data_loss_is_told_from_other_failures() -> None:
+    lost = RuntimeError(
+        "Job aborted due to stage failure: ... KafkaIllegalStateException: Some data may have "
+        "been lost because they are not available in Kafka any more;\neither the data ..."
+    )
+    assert is_data_loss(lost)
+    assert not is_data_loss(RuntimeError("Timeout of 60000ms expired before the position"))
