@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -37,6 +38,20 @@ def _java_available() -> bool:
 CONNECT = os.environ.get("WMWATCH_TEST_SPARK") == "connect"
 
 
+# Delta Lake runs on pyspark 4.2 (no Delta release supports 4.3): the Delta tests run in the
+# pyspark 4.2 environment of noxfile.py, whose session loads Delta's jars (.ci/fetch_jars.sh)
+DELTA = importlib.metadata.version("pyspark").startswith("4.2.")
+
+
+def jar_set(name: str) -> list[str]:
+    """The jars of one set fetched by .ci/fetch_jars.sh (tests/jars/<name>/pom.xml)."""
+    cache = Path(os.environ.get("WMWATCH_JAR_CACHE", Path.home() / ".cache/wmwatch/jars"))
+    jars = sorted(str(p) for p in (cache / name).glob("*.jar"))
+    if not jars:
+        pytest.fail(f"no jars in {cache / name}: run bash .ci/fetch_jars.sh first")
+    return jars
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A classic run leaves out the tests only a Spark Connect session can run (deselected, not
     skipped: ``tests/test_connect_suite.py`` runs them on its server)."""
@@ -67,8 +82,20 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
             remote.stop()
         return
 
+    builder = SparkSession.builder
+    if DELTA:
+        builder = (
+            builder.config("spark.jars", ",".join(jar_set("delta")))
+            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+            .config(
+                "spark.sql.catalog.spark_catalog",
+                "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+            )
+            # Delta rebuilds a snapshot in 50 tasks by default: far too many for 2 cores
+            .config("spark.databricks.delta.snapshotPartitions", "2")
+        )
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("wmwatch-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
