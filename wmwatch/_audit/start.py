@@ -13,6 +13,7 @@ from typing import Any
 from wmwatch._audit import connect
 from wmwatch._audit.auditor import Auditor, Resolved
 from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root
+from wmwatch._audit.deltasource import DeltaBatchSource, delta_source_of, is_delta_source
 from wmwatch._audit.jvmsource import JvmStreamBatchSource, stream_of
 from wmwatch._audit.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
@@ -118,6 +119,13 @@ def _source_of(
     if is_python_source(relation):
         spec = python_source_of(spark, relation)
         return positions, _python_source_at(spec), f"source {spec.name!r}"
+    if is_delta_source(relation):
+        delta = delta_source_of(spark, frame, relation, has_prepare=prepare is not None)
+        return (
+            positions,
+            lambda index: DeltaBatchSource(delta, index, spark),
+            f"Delta table {delta.path}",
+        )
     stream = stream_of(spark, relation)
     if stream is not None:
         if prepare is None and frame.columns != [str(n) for n in relation.schema().fieldNames()]:

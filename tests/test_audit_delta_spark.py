@@ -1,0 +1,294 @@
+"""The late-row audit of Delta Lake streams, against real Spark 4.2 and real Delta 4.4.
+
+Each test writes the out-of-order stream of ``tests/test_audit_spark.py`` into a Delta table, a
+commit per input file, runs a production query over ``spark.readStream.format("delta")`` with
+the audit on, and checks that what the query emitted plus what the audit recorded is exactly the
+input. Batches are cut three ways: a commit per batch (the first batch the table's snapshot),
+the snapshot of a finished table cut by ``maxFilesPerTrigger``, and the log from
+``startingVersion=0`` cut by ``maxFilesPerTrigger`` inside commits. An ``OPTIMIZE`` between
+batches, a table vacuumed under the audit and a delete skipped by ``skipChangeCommits`` are the
+awkward cases. These tests run in the pyspark 4.2 environment (``nox -s delta``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from prometheus_client import CollectorRegistry
+
+import wmwatch
+from tests.conftest import DELTA
+from tests.test_audit_spark import (
+    DELAY,
+    SCHEMA,
+    all_rows,
+    assert_marks_complete,
+    assert_windows_balance,
+    check_dedupe,
+    dropped_by_watermark,
+    final_watermark_ms,
+    stream_files,
+)
+from wmwatch._audit.checkpoint import CheckpointReader
+
+pytestmark = [pytest.mark.spark, pytest.mark.delta]
+
+
+@pytest.fixture
+def delta_spark(spark: Any) -> Any:
+    if not DELTA:
+        pytest.fail("the Delta tests run on pyspark 4.2 with Delta's jars: run `nox -s delta`")
+    return spark
+
+
+def append(spark: Any, table: Path, rows: list[dict[str, Any]], files: int = 1) -> None:
+    """One commit of ``rows`` to the Delta table, in ``files`` data files."""
+    data = [
+        (r["id"], r["user"], datetime.fromisoformat(r["ts"].replace("Z", "+00:00"))) for r in rows
+    ]
+    frame = spark.createDataFrame(data, SCHEMA)
+    frame = frame.repartition(files) if files > 1 else frame.coalesce(1)
+    frame.write.format("delta").mode("append").save(str(table))
+
+
+def window_counts(rows: list[dict[str, Any]], size_s: int) -> dict[tuple[int, int], int]:
+    """Counts per tumbling window over all the input: the ground truth."""
+    counts: Counter[tuple[int, int]] = Counter()
+    for r in rows:
+        second = int(datetime.fromisoformat(r["ts"].replace("Z", "+00:00")).timestamp())
+        start = second - second % size_s
+        counts[(start * 1000, (start + size_s) * 1000)] += 1
+    return dict(counts)
+
+
+def run_delta(
+    spark: Any,
+    folder: Path,
+    build: Callable[[Any], Any],
+    *,
+    batching: str,
+    name: str,
+    between: Callable[[int, Path], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``build(events)`` over a Delta stream of the test input with the audit on.
+
+    ``each``: the table starts with the first file, then a commit per file, a batch per commit
+    (``between(i, table)`` runs after commit i); ``snapshot``: every commit (two files each)
+    before the query starts, batches of 3 files of the snapshot; ``log``: the same table read
+    from ``startingVersion=0``, 3 files per batch, cutting commits.
+    """
+    table = folder / "table"
+    files = stream_files()
+    reader = spark.readStream.format("delta")
+    if batching == "each":
+        append(spark, table, files[0])
+    else:
+        for f in files:
+            append(spark, table, f, files=2)
+        reader = reader.option("maxFilesPerTrigger", 3)
+        if batching == "log":
+            reader = reader.option("startingVersion", 0)
+    events = reader.load(str(table)).withWatermark("ts", DELAY)
+    writer = (
+        build(events)
+        .writeStream.format("memory")
+        .queryName(name)
+        .outputMode("append")
+        .option("checkpointLocation", str(folder / "checkpoint"))
+    )
+    if batching != "each":
+        writer = writer.trigger(availableNow=True)
+    db = folder / "history.duckdb"
+    registry = CollectorRegistry()
+    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry)
+    query = writer.start()
+    try:
+        handle = watch.audit(query, events)
+        if batching == "each":
+            query.processAllAvailable()
+            for i, f in enumerate(files[1:], start=1):
+                append(spark, table, f)
+                query.processAllAvailable()
+                if between is not None:
+                    between(i, table)
+                    query.processAllAvailable()
+        else:
+            query.awaitTermination(120)
+        assert handle.sync(120), handle.status()
+        status = handle.status()
+        progress = list(query.recentProgress)
+        output = [r.asDict(recursive=True) for r in spark.table(name).collect()]
+        handle.stop()
+    finally:
+        query.stop()
+        watch.close()
+    return {
+        "status": status,
+        "progress": progress,
+        "output": output,
+        "files": files,
+        "checkpoint": CheckpointReader(str(folder / "checkpoint")),
+        **history(db),
+    }
+
+
+def history(db: Path) -> dict[str, Any]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        late = con.execute(
+            "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), lateness_seconds, "
+            "epoch_ms(window_start_at), epoch_ms(window_end_at), operator_kind, source_file, "
+            "row_data::VARCHAR FROM late_rows"
+        ).fetchall()
+        marks = con.execute(
+            "SELECT batch_id, late_rows, sink, location FROM audit_batches"
+        ).fetchall()
+    return {"late": late, "marks": marks}
+
+
+def delta_offsets(checkpoint: CheckpointReader) -> list[dict[str, Any]]:
+    offsets = []
+    for batch_id in checkpoint.committed_batches():
+        entry = checkpoint.offsets(batch_id)
+        assert entry is not None and entry.source_offsets[0] is not None
+        offsets.append(json.loads(entry.source_offsets[0]))
+    return offsets
+
+
+def optimize_after_third(i: int, table: Path) -> None:
+    if i == 3:
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        assert active is not None
+        active.sql(f"OPTIMIZE delta.`{table}`").collect()
+
+
+@pytest.mark.parametrize("batching", ["each", "snapshot", "log"])
+def test_window_count_over_delta_conserves_rows(
+    delta_spark: Any, stream_dir: Path, batching: str
+) -> None:
+    from pyspark.sql import functions as F
+
+    result = run_delta(
+        delta_spark,
+        stream_dir,
+        lambda e: e.groupBy(F.window("ts", "10 seconds")).count(),
+        batching=batching,
+        name=f"delta_tumble_{batching}",
+        between=optimize_after_third,
+    )
+    wm_ms = final_watermark_ms(result["progress"])
+    expected = window_counts(all_rows(result["files"]), 10)
+    assert_windows_balance(expected, result["output"], result["late"], wm_ms)
+    # Spark counts late groups per batch (after merging partial aggregates), not rows
+    assert len({(r[0], r[4]) for r in result["late"]}) == dropped_by_watermark(result["progress"])
+    assert result["status"]["late_rows"] == len(result["late"])
+    assert result["status"]["batches_lost"] == 0
+    assert_marks_complete(result)
+    for row in result["late"]:
+        assert row[7] and row[7].endswith(".parquet")  # the Delta data file it came from
+    offsets = delta_offsets(result["checkpoint"])
+    if batching == "each":
+        # the first batch read the whole snapshot of version 0, so it ends before version 1;
+        # OPTIMIZE (dataChange=false) made a batch that read nothing
+        assert (offsets[0]["reservoirVersion"], offsets[0]["index"]) == (1, -1)
+        assert offsets[0]["isStartingVersion"] is False
+        optimize_version = 4  # commits 0-3, then OPTIMIZE
+        empty = [
+            p
+            for p in result["progress"]
+            if p["numInputRows"] == 0
+            and json.loads(p["sources"][0]["endOffset"])["reservoirVersion"] == optimize_version + 1
+            and json.loads(p["sources"][0]["startOffset"])["reservoirVersion"] == optimize_version
+        ]
+        assert empty, "OPTIMIZE ran no batch of its own"
+    else:
+        # batches cut inside the snapshot, or inside commits of the log
+        assert any(o["index"] not in (-1,) for o in offsets)
+        assert any(o["isStartingVersion"] for o in offsets) == (batching == "snapshot")
+
+
+@pytest.mark.parametrize("batching", ["each", "log"])
+def test_drop_duplicates_over_delta_conserves_rows(
+    delta_spark: Any, stream_dir: Path, batching: str
+) -> None:
+    result = run_delta(
+        delta_spark,
+        stream_dir,
+        lambda e: e.dropDuplicates(["user", "ts"]),
+        batching=batching,
+        name=f"delta_dedupe_{batching}",
+    )
+    check_dedupe(result, lambda r: (r["user"], r["ts"]), "dedupe")
+    assert result["status"]["batches_lost"] == 0
+
+
+def test_vacuumed_batch_is_lost_with_its_reason_and_later_ones_audited(
+    delta_spark: Any, stream_dir: Path
+) -> None:
+    """A batch whose files VACUUM removed before the audit reached it is counted lost, with
+    the reason; the batches after it are audited exactly."""
+    spark = delta_spark
+    table = stream_dir / "table"
+    files = stream_files()
+    append(spark, table, files[0])
+    events = (
+        spark.readStream.format("delta")
+        .option("skipChangeCommits", "true")  # the delete below must not stop the stream
+        .load(str(table))
+        .withWatermark("ts", DELAY)
+    )
+    name = "delta_vacuum"
+    db = stream_dir / "history.duckdb"
+    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=CollectorRegistry())
+    query = (
+        events.dropDuplicates(["user", "ts"])
+        .writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(stream_dir / "checkpoint"))
+        .start()
+    )
+    try:
+        handle = watch.audit(query, events)
+        query.processAllAvailable()
+        append(spark, table, files[1])
+        query.processAllAvailable()
+        assert handle.sync(120), handle.status()
+        handle.stop()  # the audit falls behind from here
+        append(spark, table, files[2])  # late rows, in a batch the audit has not reached
+        query.processAllAvailable()
+        vacuumed_batch = query.lastProgress["batchId"]
+        ids = ",".join(str(r["id"]) for r in files[2])
+        spark.sql(f"DELETE FROM delta.`{table}` WHERE id IN ({ids})").collect()
+        query.processAllAvailable()
+        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+        spark.sql(f"VACUUM delta.`{table}` RETAIN 0 HOURS").collect()
+        handle = watch.audit(query, events)
+        for f in files[3:]:
+            append(spark, table, f)
+            query.processAllAvailable()
+        assert handle.sync(120), handle.status()
+        status = handle.status()
+        progress = list(query.recentProgress)
+        handle.stop()
+    finally:
+        query.stop()
+        watch.close()
+    assert status["batches_lost"] == 1
+    assert status["last_lost_batch"] == vacuumed_batch
+    assert "VACUUM" in status["last_lost_reason"]
+    found = history(db)
+    marked = {b for b, *_ in found["marks"]}
+    assert vacuumed_batch not in marked
+    # every later batch that dropped rows: the audit found exactly Spark's count
+    after = [p for p in progress if p["batchId"] > vacuumed_batch]
+    dropped = dropped_by_watermark(after)
+    assert dropped > 0, "the scenario dropped no rows after the vacuum"
+    assert sum(1 for r in found["late"] if r[0] > vacuumed_batch) == dropped
