@@ -63,7 +63,11 @@ def _prepare(session: nox.Session, env: Env) -> Path:
     bin_dir = venv / "bin"
     if not (bin_dir / "python").exists():
         session.run(sys.executable, "-m", "venv", str(venv), external=True)
-    if env.pyspark is not None:  # the main venv is installed by .ci/run from the dev extra
+    if env.pyspark is None:
+        # the main venv: .ci/run installs it from the dev extra; install it when missing
+        if not (bin_dir / "pytest").exists():
+            session.run(str(bin_dir / "pip"), "install", "-q", "-e", f"{ROOT}[dev]", external=True)
+    else:
         session.run(
             str(bin_dir / "pip"),
             "install",
