@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -37,6 +38,20 @@ def _java_available() -> bool:
 # real server process instead (a process is either a Connect client or classic PySpark, never
 # both: pyspark's functions follow the mode of the process)
 CONNECT = os.environ.get("WMWATCH_TEST_SPARK") == "connect"
+
+
+# Delta Lake runs on pyspark 4.2 (no Delta release supports 4.3): the Delta tests run in the
+# pyspark 4.2 environment of noxfile.py, whose session loads Delta's jars (.ci/fetch_jars.sh)
+DELTA = importlib.metadata.version("pyspark").startswith("4.2.")
+
+
+def jar_set(name: str) -> list[str]:
+    """The jars of one set fetched by .ci/fetch_jars.sh (tests/jars/<name>/pom.xml)."""
+    cache = Path(os.environ.get("WMWATCH_JAR_CACHE", Path.home() / ".cache/wmwatch/jars"))
+    jars = sorted(str(p) for p in (cache / name).glob("*.jar"))
+    if not jars:
+        pytest.fail(f"no jars in {cache / name}: run bash .ci/fetch_jars.sh first")
+    return jars
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -74,6 +89,17 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     # loudly without it)
     with contextlib.suppress(JarsMissing):
         builder = builder.config("spark.jars", ",".join(connector_jars()))
+    if DELTA:
+        builder = (
+            builder.config("spark.jars", ",".join(jar_set("delta")))
+            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+            .config(
+                "spark.sql.catalog.spark_catalog",
+                "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+            )
+            # Delta rebuilds a snapshot in 50 tasks by default: far too many for 2 cores
+            .config("spark.databricks.delta.snapshotPartitions", "2")
+        )
     session = (
         builder.master("local[2]")
         .appName("wmwatch-tests")

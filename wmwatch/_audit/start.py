@@ -13,6 +13,7 @@ from typing import Any
 from wmwatch._audit import connect
 from wmwatch._audit.auditor import Auditor, Resolved
 from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root
+from wmwatch._audit.deltasource import DeltaBatchSource, delta_source_of, is_delta_source
 from wmwatch._audit.events_replay import as_written
 from wmwatch._audit.jvmsource import JvmStreamBatchSource, stream_of
 from wmwatch._audit.kafkasource import (
@@ -131,6 +132,13 @@ def _source_of(
     if is_kafka_source(relation):
         kafka = kafka_source_of(relation)
         return positions, lambda index: KafkaBatchSource(kafka, index), kafka.description
+    if is_delta_source(relation):
+        delta = delta_source_of(spark, frame, relation, has_prepare=True)
+        return (
+            positions,
+            lambda index: DeltaBatchSource(delta, index, spark),
+            f"Delta table {delta.path}",
+        )
     stream = stream_of(spark, relation)
     if stream is not None:
         schema_json = str(relation.schema().json())

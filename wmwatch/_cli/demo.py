@@ -55,6 +55,15 @@ def demo(
             "its executors must see --workdir at the same path.",
         ),
     ] = "local[2]",
+    source_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="json: the query reads the landing files; delta: a bronze query copies them "
+            "into a Delta table and the query reads that table as a stream (needs pyspark 4.2 "
+            "or older, Delta's jars come from Maven Central).",
+        ),
+    ] = "json",
 ) -> None:
     """Stream an out-of-order event stream through a windowed count, watched by wmwatch.
 
@@ -77,11 +86,21 @@ def demo(
     except ConfigError as exc:
         typer.echo(f"wmwatch demo: {exc}", err=True)
         raise typer.Exit(2) from None
+    if source_format not in ("json", "delta"):
+        typer.echo(f"wmwatch demo: --format {source_format!r}: use json or delta", err=True)
+        raise typer.Exit(2)
     try:
-        import pyspark  # noqa: F401
+        import pyspark
     except ImportError:
         typer.echo("wmwatch demo: pyspark is not installed: pip install 'wmwatch[spark]'", err=True)
         raise typer.Exit(1) from None
+    if source_format == "delta" and not delta_supports(pyspark.__version__):
+        typer.echo(
+            f"wmwatch demo: --format delta needs pyspark {DELTA_NEWEST_PYSPARK} or older (no Delta "
+            f"Lake release runs on {pyspark.__version__}): pip install 'pyspark==4.2.0'",
+            err=True,
+        )
+        raise typer.Exit(1)
     if shutil.which("java") is None:
         typer.echo(
             "wmwatch demo: Java 17 is needed by Spark: install a JDK 17 and put java on PATH",
@@ -104,6 +123,7 @@ def demo(
         console=console,
         audit=audit,
         master=master,
+        source_format=source_format,
     )
     console.print(
         f"\nStreamed {result.input_rows} rows in {result.batches} batches; Spark dropped "
@@ -123,6 +143,17 @@ def demo(
         escape(f"\nHistory: {result.db}   (try: wmwatch report --db {result.db} --format json)")
     )
     console.print(escape(page))
+
+
+# The newest pyspark a Delta Lake release runs on (Delta 4.4), and that Delta's jar on Maven Central
+DELTA_NEWEST_PYSPARK = "4.2"
+
+
+def delta_supports(pyspark_version: str) -> bool:
+    """Whether Delta Lake runs on this pyspark (4.2 and older; every read fails on 4.3)."""
+    parts = [int(x) for x in re.findall(r"\d+", pyspark_version)[:2]]
+    newest = [int(x) for x in DELTA_NEWEST_PYSPARK.split(".")]
+    return parts <= newest
 
 
 def _write_html(con: Any, built: Any, target: Path) -> str:

@@ -144,8 +144,12 @@ logger.abort.level = fatal
 """
 
 
+# Delta Lake's jar that runs on pyspark 4.2 (fetched from Maven Central by Spark at start-up)
+DELTA_PACKAGE = "io.delta:delta-spark_2.13:4.4.0"
+
+
 def build_session(
-    workdir: Path, app_name: str = "wmwatch-demo", master: str = "local[2]"
+    workdir: Path, app_name: str = "wmwatch-demo", master: str = "local[2]", delta: bool = False
 ) -> Any:
     """A session that keeps the terminal for the demo (errors only, no stage bars).
 
@@ -161,8 +165,19 @@ def build_session(
 
     log4j = workdir / "log4j2.properties"
     log4j.write_text(_QUIET_LOG4J)
+    builder = SparkSession.builder
+    if delta:
+        builder = (
+            builder.config("spark.jars.packages", DELTA_PACKAGE)
+            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+            .config(
+                "spark.sql.catalog.spark_catalog",
+                "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+            )
+            .config("spark.databricks.delta.snapshotPartitions", "2")
+        )
     spark = (
-        SparkSession.builder.master(master)
+        builder.master(master)
         .appName(app_name)
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
         .config("spark.ui.showConsoleProgress", "false")
@@ -185,6 +200,7 @@ def run_demo(
     console: Any,
     audit: bool = True,
     master: str = "local[2]",
+    source_format: str = "json",
 ) -> DemoResult:
     """Run the demo query for ``duration_seconds`` and return what it recorded."""
     from rich.markup import escape
@@ -200,7 +216,7 @@ def run_demo(
 
     where = "a local SparkSession" if master.startswith("local") else f"a SparkSession on {master}"
     console.print(f"[bold]wmwatch demo[/]: starting {escape(where)} (takes ~10 s) ...")
-    spark = build_session(workdir, master=master)
+    spark = build_session(workdir, master=master, delta=source_format == "delta")
     from pyspark.sql import functions as F
 
     generator = EventGenerator(incoming)
@@ -210,12 +226,21 @@ def run_demo(
         console.print(f"Prometheus metrics: [cyan]{watch.metrics_url}[/]")
     for problem in watch.problems:
         console.print(f"[yellow]note:[/] {escape(str(problem))}")
-    events = (
-        spark.readStream.schema("event_time timestamp, user string, amount double")
-        .option("maxFilesPerTrigger", 20)
-        .json(str(incoming))
-        .withWatermark("event_time", "10 seconds")
-    )
+    schema = "event_time timestamp, user string, amount double"
+    landed = spark.readStream.schema(schema).option("maxFilesPerTrigger", 20).json(str(incoming))
+    bronze_query = None
+    if source_format == "delta":
+        # bronze: the landing files copied into a Delta table, which the query reads as a stream
+        bronze = str(workdir / "bronze")
+        spark.createDataFrame([], schema).write.format("delta").save(bronze)
+        bronze_query = (
+            landed.writeStream.format("delta")
+            .option("checkpointLocation", str(workdir / "bronze-checkpoint"))
+            .trigger(processingTime="1 second")
+            .start(bronze)
+        )
+        landed = spark.readStream.format("delta").option("maxFilesPerTrigger", 20).load(bronze)
+    events = landed.withWatermark("event_time", "10 seconds")
     totals = events.groupBy(F.window("event_time", "10 seconds"), "user").agg(
         F.count("*").alias("orders"), F.sum("amount").alias("revenue")
     )
@@ -267,6 +292,10 @@ def run_demo(
         generator.stop_event.set()
         generator.join(timeout=5)
         # let the last files finish instead of aborting a batch; a failed query still reports
+        if bronze_query is not None:
+            with contextlib.suppress(Exception):
+                bronze_query.processAllAvailable()
+            bronze_query.stop()
         with contextlib.suppress(Exception):
             query.processAllAvailable()
         query.stop()

@@ -1,0 +1,105 @@
+"""The test matrix, declared once: which pyspark each environment runs and which tests it runs.
+
+- ``main``: the newest pyspark (the dev extra's pin), every test except the Delta ones.
+- ``delta``: pyspark 4.2.0, the newest Delta Lake supports (no Delta release supports 4.3:
+  ``delta-spark`` 4.4.1 requires ``pyspark<=4.2.0``), running the Delta tests and a few fast
+  smoke tests of the rest, so a break of wmwatch under the older pyspark shows too.
+
+``.ci/run`` runs both (``nox -s main delta``); ``nox -s delta`` alone sets up ``.venv-delta`` and
+runs the Delta tests (the jars come from ``.ci/fetch_jars.sh``). The sessions manage their own
+virtualenvs (``venv_backend="none"``) so that ``main`` is the ``.venv`` CI already built.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+nox.options.sessions = ["main", "delta"]
+
+
+@dataclass(frozen=True)
+class Env:
+    venv: str
+    pyspark: str | None  # None: the dev extra's pin
+    extra: tuple[str, ...]
+    pytest_args: tuple[str, ...]
+
+
+MATRIX = {
+    "main": Env(".venv", None, (), ("-m", "not delta")),
+    "delta": Env(
+        ".venv-delta",
+        "4.2.0",
+        ("delta-spark==4.4.1",),
+        (
+            "tests/test_audit_delta_spark.py",
+            # smoke: the audit, the watch and the checkpoint reader under the older pyspark
+            "tests/test_audit_spark.py::test_tumbling_window_conservation[bulk]",
+            "tests/test_watch_spark.py",
+            "tests/test_checkpoint.py",
+        ),
+    ),
+}
+
+
+def dev_requirements(pyspark: str | None) -> list[str]:
+    """The dev extra from pyproject.toml, with its pyspark pin replaced by ``pyspark``'s."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(project["optional-dependencies"]["dev"])
+    if pyspark is None:
+        return reqs
+    return [f"pyspark[connect]=={pyspark}" if re.match(r"pyspark\b", r) else r for r in reqs]
+
+
+def _prepare(session: nox.Session, env: Env) -> Path:
+    venv = ROOT / env.venv
+    bin_dir = venv / "bin"
+    if not (bin_dir / "python").exists():
+        session.run(sys.executable, "-m", "venv", str(venv), external=True)
+    if env.pyspark is None:
+        # the main venv: .ci/run installs it from the dev extra; install it when missing
+        if not (bin_dir / "pytest").exists():
+            session.run(str(bin_dir / "pip"), "install", "-q", "-e", f"{ROOT}[dev]", external=True)
+    else:
+        session.run(
+            str(bin_dir / "pip"),
+            "install",
+            "-q",
+            "-e",
+            str(ROOT),
+            *dev_requirements(env.pyspark),
+            *env.extra,
+            external=True,
+        )
+    return bin_dir
+
+
+def _run(session: nox.Session, name: str) -> None:
+    env = MATRIX[name]
+    bin_dir = _prepare(session, env)
+    session.run(
+        str(bin_dir / "pytest"),
+        *env.pytest_args,
+        *session.posargs,
+        external=True,
+        env={"SPARK_LOCAL_IP": "127.0.0.1"},
+    )
+
+
+@nox.session(venv_backend="none")
+def main(session: nox.Session) -> None:
+    """The newest pyspark: every test but the Delta ones."""
+    _run(session, "main")
+
+
+@nox.session(venv_backend="none")
+def delta(session: nox.Session) -> None:
+    """pyspark 4.2.0 with Delta Lake: the Delta tests and a smoke of the rest."""
+    _run(session, "delta")

@@ -1,0 +1,467 @@
+"""The late-row audit of Delta Lake streams, against real Spark 4.2 and real Delta 4.4.
+
+Each test writes the out-of-order stream of ``tests/test_audit_spark.py`` into a Delta table, a
+commit per input file, runs a production query over ``spark.readStream.format("delta")`` with
+the audit on, and checks that what the query emitted plus what the audit recorded is exactly the
+input. Batches are cut three ways: a commit per batch (the first batch the table's snapshot),
+the snapshot of a finished table cut by ``maxFilesPerTrigger``, and the log from
+``startingVersion=0`` cut by ``maxFilesPerTrigger`` inside commits. An ``OPTIMIZE`` between
+batches, a table vacuumed under the audit and a delete skipped by ``skipChangeCommits`` are the
+awkward cases. These tests run in the pyspark 4.2 environment (``nox -s delta``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from prometheus_client import CollectorRegistry
+
+import wmwatch
+from tests.conftest import DELTA
+from tests.test_audit_spark import (
+    DELAY,
+    SCHEMA,
+    all_rows,
+    assert_marks_complete,
+    assert_windows_balance,
+    check_dedupe,
+    dropped_by_watermark,
+    final_watermark_ms,
+    stream_files,
+)
+from wmwatch._audit.checkpoint import CheckpointReader
+
+pytestmark = [pytest.mark.spark, pytest.mark.delta]
+
+
+@pytest.fixture
+def delta_spark(spark: Any) -> Any:
+    if not DELTA:
+        pytest.fail("the Delta tests run on pyspark 4.2 with Delta's jars: run `nox -s delta`")
+    return spark
+
+
+def append(spark: Any, table: Path, rows: list[dict[str, Any]], files: int = 1) -> None:
+    """One commit of ``rows`` to the Delta table, in ``files`` data files."""
+    data = [
+        (r["id"], r["user"], datetime.fromisoformat(r["ts"].replace("Z", "+00:00"))) for r in rows
+    ]
+    frame = spark.createDataFrame(data, SCHEMA)
+    frame = frame.repartition(files) if files > 1 else frame.coalesce(1)
+    frame.write.format("delta").mode("append").save(str(table))
+
+
+def window_counts(rows: list[dict[str, Any]], size_s: int) -> dict[tuple[int, int], int]:
+    """Counts per tumbling window over all the input: the ground truth."""
+    counts: Counter[tuple[int, int]] = Counter()
+    for r in rows:
+        second = int(datetime.fromisoformat(r["ts"].replace("Z", "+00:00")).timestamp())
+        start = second - second % size_s
+        counts[(start * 1000, (start + size_s) * 1000)] += 1
+    return dict(counts)
+
+
+def run_delta(
+    spark: Any,
+    folder: Path,
+    build: Callable[[Any], Any],
+    *,
+    batching: str,
+    name: str,
+    between: Callable[[int, Path], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``build(events)`` over a Delta stream of the test input with the audit on.
+
+    ``each``: the table starts with the first file, then a commit per file, a batch per commit
+    (``between(i, table)`` runs after commit i); ``snapshot``: every commit (two files each)
+    before the query starts, batches of 3 files of the snapshot; ``log``: the same table read
+    from ``startingVersion=0``, 3 files per batch, cutting commits.
+    """
+    table = folder / "table"
+    files = stream_files()
+    reader = spark.readStream.format("delta")
+    if batching == "each":
+        append(spark, table, files[0])
+    else:
+        for f in files:
+            append(spark, table, f, files=2)
+        reader = reader.option("maxFilesPerTrigger", 3)
+        if batching == "log":
+            reader = reader.option("startingVersion", 0)
+    events = reader.load(str(table)).withWatermark("ts", DELAY)
+    writer = (
+        build(events)
+        .writeStream.format("memory")
+        .queryName(name)
+        .outputMode("append")
+        .option("checkpointLocation", str(folder / "checkpoint"))
+    )
+    if batching != "each":
+        writer = writer.trigger(availableNow=True)
+    db = folder / "history.duckdb"
+    registry = CollectorRegistry()
+    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry)
+    query = writer.start()
+    try:
+        handle = watch.audit(query, events)
+        if batching == "each":
+            query.processAllAvailable()
+            for i, f in enumerate(files[1:], start=1):
+                append(spark, table, f)
+                query.processAllAvailable()
+                if between is not None:
+                    between(i, table)
+                    query.processAllAvailable()
+        else:
+            query.awaitTermination(120)
+        assert handle.sync(120), handle.status()
+        status = handle.status()
+        progress = list(query.recentProgress)
+        output = [r.asDict(recursive=True) for r in spark.table(name).collect()]
+        handle.stop()
+    finally:
+        query.stop()
+        watch.close()
+    return {
+        "status": status,
+        "progress": progress,
+        "output": output,
+        "files": files,
+        "checkpoint": CheckpointReader(str(folder / "checkpoint")),
+        **history(db),
+    }
+
+
+def history(db: Path) -> dict[str, Any]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        late = con.execute(
+            "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), lateness_seconds, "
+            "epoch_ms(window_start_at), epoch_ms(window_end_at), operator_kind, source_file, "
+            "row_data::VARCHAR FROM late_rows"
+        ).fetchall()
+        marks = con.execute(
+            "SELECT batch_id, late_rows, sink, location FROM audit_batches"
+        ).fetchall()
+    return {"late": late, "marks": marks}
+
+
+def delta_offsets(checkpoint: CheckpointReader) -> list[dict[str, Any]]:
+    offsets = []
+    for batch_id in checkpoint.committed_batches():
+        entry = checkpoint.offsets(batch_id)
+        assert entry is not None and entry.source_offsets[0] is not None
+        offsets.append(json.loads(entry.source_offsets[0]))
+    return offsets
+
+
+def optimize_after_third(i: int, table: Path) -> None:
+    if i == 3:
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        assert active is not None
+        active.sql(f"OPTIMIZE delta.`{table}`").collect()
+
+
+@pytest.mark.parametrize("batching", ["each", "snapshot", "log"])
+def test_window_count_over_delta_conserves_rows(
+    delta_spark: Any, stream_dir: Path, batching: str
+) -> None:
+    from pyspark.sql import functions as F
+
+    result = run_delta(
+        delta_spark,
+        stream_dir,
+        lambda e: e.groupBy(F.window("ts", "10 seconds")).count(),
+        batching=batching,
+        name=f"delta_tumble_{batching}",
+        between=optimize_after_third,
+    )
+    wm_ms = final_watermark_ms(result["progress"])
+    expected = window_counts(all_rows(result["files"]), 10)
+    assert_windows_balance(expected, result["output"], result["late"], wm_ms)
+    # Spark counts late groups per batch (after merging partial aggregates), not rows
+    assert len({(r[0], r[4]) for r in result["late"]}) == dropped_by_watermark(result["progress"])
+    assert result["status"]["late_rows"] == len(result["late"])
+    assert result["status"]["batches_lost"] == 0
+    assert_marks_complete(result)
+    for row in result["late"]:
+        assert row[7] and row[7].endswith(".parquet")  # the Delta data file it came from
+    offsets = delta_offsets(result["checkpoint"])
+    if batching == "each":
+        # the first batch read the whole snapshot of version 0, so it ends before version 1;
+        # OPTIMIZE (dataChange=false) made a batch that read nothing
+        assert (offsets[0]["reservoirVersion"], offsets[0]["index"]) == (1, -1)
+        assert offsets[0]["isStartingVersion"] is False
+        optimize_version = 4  # commits 0-3, then OPTIMIZE
+        empty = [
+            p
+            for p in result["progress"]
+            if p["numInputRows"] == 0
+            and json.loads(p["sources"][0]["endOffset"])["reservoirVersion"] == optimize_version + 1
+            and json.loads(p["sources"][0]["startOffset"])["reservoirVersion"] == optimize_version
+        ]
+        assert empty, "OPTIMIZE ran no batch of its own"
+    else:
+        # batches cut inside the snapshot, or inside commits of the log
+        assert any(o["index"] not in (-1,) for o in offsets)
+        assert any(o["isStartingVersion"] for o in offsets) == (batching == "snapshot")
+
+
+@pytest.mark.parametrize("batching", ["log"])
+def test_drop_duplicates_over_delta_conserves_rows(
+    delta_spark: Any, stream_dir: Path, batching: str
+) -> None:
+    result = run_delta(
+        delta_spark,
+        stream_dir,
+        lambda e: e.dropDuplicates(["user", "ts"]),
+        batching=batching,
+        name=f"delta_dedupe_{batching}",
+    )
+    check_dedupe(result, lambda r: (r["user"], r["ts"]), "dedupe")
+    assert result["status"]["batches_lost"] == 0
+
+
+def test_vacuumed_batch_is_lost_with_its_reason_and_later_ones_audited(
+    delta_spark: Any, stream_dir: Path
+) -> None:
+    """A batch whose files VACUUM removed before the audit reached it is counted lost, with
+    the reason; the batches after it are audited exactly."""
+    spark = delta_spark
+    table = stream_dir / "table"
+    files = stream_files()
+    append(spark, table, files[0])
+    events = (
+        spark.readStream.format("delta")
+        .option("skipChangeCommits", "true")  # the delete below must not stop the stream
+        .load(str(table))
+        .withWatermark("ts", DELAY)
+    )
+    name = "delta_vacuum"
+    db = stream_dir / "history.duckdb"
+    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=CollectorRegistry())
+    query = (
+        events.dropDuplicates(["user", "ts"])
+        .writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(stream_dir / "checkpoint"))
+        .start()
+    )
+    try:
+        handle = watch.audit(query, events)
+        query.processAllAvailable()
+        append(spark, table, files[1])
+        query.processAllAvailable()
+        assert handle.sync(120), handle.status()
+        handle.stop()  # the audit falls behind from here
+        append(spark, table, files[2])  # late rows, in a batch the audit has not reached
+        query.processAllAvailable()
+        vacuumed_batch = query.lastProgress["batchId"]
+        ids = ",".join(str(r["id"]) for r in files[2])
+        spark.sql(f"DELETE FROM delta.`{table}` WHERE id IN ({ids})").collect()
+        query.processAllAvailable()
+        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+        # LITE: the files come from the log's removes, no listing of the table (quicker)
+        spark.sql(f"VACUUM delta.`{table}` LITE RETAIN 0 HOURS").collect()
+        handle = watch.audit(query, events)
+        # the watermark is at 25 s: the second of these rows is late
+        for row in (
+            {"id": 500, "user": "z", "ts": "2026-01-01T00:01:00Z"},
+            {"id": 501, "user": "z", "ts": "2026-01-01T00:00:01Z"},
+        ):
+            append(spark, table, [row])
+            query.processAllAvailable()
+        assert handle.sync(120), handle.status()
+        status = handle.status()
+        progress = list(query.recentProgress)
+        handle.stop()
+    finally:
+        query.stop()
+        watch.close()
+    assert status["batches_lost"] == 1
+    assert status["last_lost_batch"] == vacuumed_batch
+    assert "VACUUM" in status["last_lost_reason"]
+    found = history(db)
+    marked = {b for b, *_ in found["marks"]}
+    assert vacuumed_batch not in marked
+    # every later batch that dropped rows: the audit found exactly Spark's count
+    after = [p for p in progress if p["batchId"] > vacuumed_batch]
+    dropped = dropped_by_watermark(after)
+    assert dropped > 0, "the scenario dropped no rows after the vacuum"
+    assert sum(1 for r in found["late"] if r[0] > vacuumed_batch) == dropped
+
+
+def test_rows_deleted_by_deletion_vectors_are_not_replayed(
+    delta_spark: Any, stream_dir: Path
+) -> None:
+    """A file the stream reads with a deletion vector gives only the rows the vector keeps:
+    the audit replays those, never the deleted ones."""
+    spark = delta_spark
+    table = stream_dir / "table"
+    spark.sql(
+        f"CREATE TABLE delta.`{table}` (id int, user string, ts timestamp) USING delta "
+        "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
+    ).collect()
+    # a batch each: the first sets the watermark, which the third's late filter uses
+    append(spark, table, [{"id": 1, "user": "a", "ts": "2026-01-01T00:00:40Z"}])
+    append(spark, table, [{"id": 2, "user": "a", "ts": "2026-01-01T00:00:41Z"}])
+    late = [{"id": i, "user": "b", "ts": f"2026-01-01T00:00:0{i - 9}Z"} for i in range(10, 16)]
+    append(spark, table, [*late, {"id": 20, "user": "c", "ts": "2026-01-01T00:00:50Z"}])
+    spark.sql(f"DELETE FROM delta.`{table}` WHERE id IN (11, 13)").collect()
+    commits = sorted((table / "_delta_log").glob("*.json"))
+    assert '"deletionVector":{' in commits[-1].read_text(), "DELETE wrote no deletion vector"
+    events = (
+        spark.readStream.format("delta")
+        .option("maxFilesPerTrigger", 1)
+        .load(str(table))
+        .withWatermark("ts", DELAY)
+    )
+    db = stream_dir / "history.duckdb"
+    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=CollectorRegistry())
+    query = (
+        events.dropDuplicates(["user", "ts"])
+        .writeStream.format("memory")
+        .queryName("delta_dv")
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(stream_dir / "checkpoint"))
+        .start()
+    )
+    try:
+        handle = watch.audit(query, events)
+        query.awaitTermination(120)
+        assert handle.sync(120), handle.status()
+        progress = list(query.recentProgress)
+        handle.stop()
+    finally:
+        query.stop()
+        watch.close()
+    audited = sorted(json.loads(r[8])["id"] for r in history(db)["late"])
+    assert audited == [10, 12, 14, 15]
+    assert len(audited) == dropped_by_watermark(progress)
+
+
+def test_stream_stream_join_of_two_delta_tables_balances(
+    delta_spark: Any, stream_dir: Path
+) -> None:
+    """The join scenario of ``tests/test_audit_join_spark.py`` over two Delta tables, a commit
+    per side per batch: late rows on both sides, on the watermark, an idle side."""
+    from tests.test_audit_join_spark import PAIRS, check_join, late_rows_of, range_join, side_ids
+    from tests.test_audit_join_spark import ts as join_ts
+
+    spark = delta_spark
+    tables = {side: stream_dir / side for side in ("left", "right")}
+    for side, columns in (
+        ("left", "lid int, lk string, lt timestamp"),
+        ("right", "rid int, rk string, rt timestamp"),
+    ):
+        spark.sql(f"CREATE TABLE delta.`{tables[side]}` ({columns}) USING delta").collect()
+
+    def commit(side: str, rows: list[tuple[int, str, int]]) -> None:
+        data = [
+            (i, k, datetime.fromisoformat(join_ts(s).replace("Z", "+00:00"))) for i, k, s in rows
+        ]
+        schema = (
+            "lid int, lk string, lt timestamp"
+            if side == "left"
+            else ("rid int, rk string, rt timestamp")
+        )
+        spark.createDataFrame(data, schema).coalesce(1).write.format("delta").mode("append").save(
+            str(tables[side])
+        )
+
+    left = spark.readStream.format("delta").load(str(tables["left"])).withWatermark("lt", DELAY)
+    right = spark.readStream.format("delta").load(str(tables["right"])).withWatermark("rt", DELAY)
+    name = "delta_join"
+    db = stream_dir / "history.duckdb"
+    registry = CollectorRegistry()
+    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry)
+    query = (
+        range_join("inner")(left, right)
+        .writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(stream_dir / "checkpoint"))
+        .start()
+    )
+    try:
+        handle = watch.audit(query, [right, left])
+        for lrows, rrows in PAIRS:
+            commit("left", lrows)
+            if rrows:
+                commit("right", rrows)
+            query.processAllAvailable()
+        assert handle.sync(120), handle.status()
+        progress = list(query.recentProgress)
+        output = [r.asDict(recursive=True) for r in spark.table(name).collect()]
+        metrics = {
+            side: registry.get_sample_value(
+                "wmwatch_late_rows_audited_by_operator_total",
+                {"query": name, "operator": "0", "kind": "join", "side": side},
+            )
+            for side in ("left", "right")
+        }
+        handle.stop()
+    finally:
+        query.stop()
+        watch.close()
+    with duckdb.connect(str(db), read_only=True) as con:
+        by_input = con.execute(
+            "SELECT late_rows_by_input::VARCHAR FROM audit_batches "
+            "WHERE late_rows_by_input IS NOT NULL"
+        ).fetchall()
+    result = {
+        "progress": progress,
+        "output": output,
+        "late": late_rows_of(db),
+        "by_input": [json.loads(r[0]) for r in by_input],
+        "metrics": metrics,
+    }
+    check_join(result, sides=("left", "right"))
+    # the same rows as the file-source scenario: 5, 10 and 16 exactly on the watermark
+    assert sorted(side_ids(result, "left")) == [4, 5, 9, 10, 12]
+    assert sorted(side_ids(result, "right")) == [104, 111, 113]
+
+
+@pytest.mark.slow
+def test_demo_reads_its_events_from_a_delta_table_with_the_audit_balanced(
+    delta_spark: Any, tmp_path: Path
+) -> None:
+    """``wmwatch demo --format delta``: a bronze query lands the events in a Delta table, the
+    windowed count reads it as a stream, and the audit finds exactly the groups Spark dropped."""
+    import subprocess
+    import sys
+
+    workdir = tmp_path / "demo"
+    run = subprocess.run(
+        [sys.executable, "-m", "wmwatch.cli", "demo", "--format", "delta", "--duration", "25",
+         "--port", "0", "--workdir", str(workdir)],
+        capture_output=True, text=True, timeout=300, check=False,
+        cwd=Path(__file__).parent.parent,
+    )  # fmt: skip
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-4000:])
+    assert (workdir / "bronze" / "_delta_log").is_dir()
+    with duckdb.connect(str(workdir / "wmwatch.duckdb"), read_only=True) as con:
+        dropped = dict(
+            con.execute(
+                "SELECT batch_id, rows_dropped_by_watermark FROM batches "
+                "WHERE query_name = 'demo_revenue_per_user'"
+            ).fetchall()
+        )
+        marked = {r[0] for r in con.execute("SELECT batch_id FROM audit_batches").fetchall()}
+        late = con.execute(
+            "SELECT batch_id, epoch_ms(window_start_at), json_extract_string(row_data, 'user') "
+            "FROM late_rows"
+        ).fetchall()
+    assert late, "the demo's stream produced no late rows"
+    assert set(dropped) <= marked, "batches the query ran that the audit did not mark"
+    # Spark counts late groups (window, user) per batch; the audit found exactly their rows
+    groups = Counter(batch_id for batch_id, _ in {(b, (w, u)) for b, w, u in late})
+    for batch_id, count in dropped.items():
+        assert groups.get(batch_id, 0) == (count or 0), batch_id
