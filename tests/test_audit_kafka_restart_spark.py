@@ -83,59 +83,98 @@ def _wait_for_progress_reaching(folder: Path, topic: str, ends: dict[str, int], 
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("shape", ["dedupe", "window"])
 def test_kafka_sigkill_mid_stream_then_restart_each_late_row_once(
-    spark: Any, kafka: str, tmp_path: Path
+    spark: Any, kafka: str, tmp_path: Path, shape: str
 ) -> None:
     topic = new_topic(kafka)
     records = _records(seed=71)
-    first, second, rest = records[:30], records[:48], records[48:]
-    produce(kafka, topic, first)
-    proc = _driver(tmp_path, "run", kafka, topic, "dedupe")
+    # 30 records before the driver starts, 18 more before the kill, the rest after it
+    before, through_kill = records[:30], records[:48]
+    produce(kafka, topic, before)
+    proc = _driver(tmp_path, "run", kafka, topic, shape)
     try:
         _wait_for_status(_status_lines(proc), lambda status: status["batches_audited"] >= 2)
-        produce(kafka, topic, second[len(first) :])
+        produce(kafka, topic, through_kill[len(before) :])
         # killed as soon as the batch that read the new records has reported its progress: its
         # audit (0.2 s polls) may not have started, be under way or be written; each must end
         # exact after the restart
-        _wait_for_progress_reaching(tmp_path, topic, _ends(second), proc)
+        _wait_for_progress_reaching(tmp_path, topic, _ends(through_kill), proc)
         proc.send_signal(signal.SIGKILL)
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait(30)
     assert proc.returncode == -signal.SIGKILL
-    produce(kafka, topic, rest)
-    again = _driver(tmp_path, "finish", kafka, topic, "dedupe")
+    produce(kafka, topic, records[len(through_kill) :])
+    again = _driver(tmp_path, "finish", kafka, topic, shape)
     finished = _wait_for_status(_status_lines(again), lambda status: "done" in status)
     assert again.wait(240) == 0 and finished["done"] is True
     assert finished["errors"] == 0 and finished["batches_lost"] == 0, finished
 
     with duckdb.connect(str(tmp_path / "history.duckdb"), read_only=True) as con:
-        late = con.execute("SELECT batch_id, row_data::VARCHAR FROM late_rows").fetchall()
+        late = con.execute(
+            "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), lateness_seconds, "
+            "epoch_ms(window_start_at), epoch_ms(window_end_at), operator_kind, source_file, "
+            "row_data::VARCHAR FROM late_rows"
+        ).fetchall()
         marks = dict(con.execute("SELECT batch_id, late_rows FROM audit_batches").fetchall())
-    committed = CheckpointReader(str(tmp_path / "checkpoint")).committed_batches()
+    reader = CheckpointReader(str(tmp_path / "checkpoint"))
+    committed = reader.committed_batches()
     assert sorted(marks) == committed, "every committed batch audited once"
-    late_ids = [json.loads(data)["id"] for _, data in late]
+    late_ids = [json.loads(r[8])["id"] for r in late]
     assert late_ids and len(late_ids) == len(set(late_ids)), "a late record audited twice"
     partition_of = {row["id"]: p for p, row in records}
     assert len({partition_of[i] for i in late_ids}) >= 2, "late records in several partitions"
-    per_batch = Counter(batch for batch, _ in late)
+    per_batch = Counter(r[0] for r in late)
     assert per_batch == Counter({b: n for b, n in marks.items() if n})
-    # Spark's own count, batch by batch across both runs
+    # Spark's own count, batch by batch across both runs: input rows for the deduplication,
+    # late groups (after partial aggregation) for the windowed count
     dropped = {
         batch: sum(op.get("numRowsDroppedByWatermark", 0) for op in event["stateOperators"])
         for batch, event in _progress(tmp_path).items()
     }
     assert set(committed) <= set(dropped), "a committed batch without its progress"
-    assert sum(dropped.values()) == len(late_ids) > 0
+    groups = Counter(batch for batch, _ in {(r[0], r[4]) for r in late})
+    counted = per_batch if shape == "dedupe" else groups
+    assert sum(dropped.values()) == sum(counted.values()) > 0
     for batch, count in dropped.items():
-        assert per_batch.get(batch, 0) == count, batch
-    # and every record is accounted for across both runs: emitted, audited late, or a
-    # duplicate of an emitted one; never both emitted and late
-    output = spark.read.parquet(str(tmp_path / "out")).collect()
+        assert counted.get(batch, 0) == count, batch
+    output = [r.asDict(recursive=True) for r in spark.read.parquet(str(tmp_path / "out")).collect()]
+    if shape == "window":
+        _check_windows_balance(records, output, late, reader)
+    else:
+        _check_every_record_accounted(records, output, late_ids)
+
+
+def _check_every_record_accounted(
+    records: list[tuple[int, dict[str, Any]]], output: list[dict[str, Any]], late_ids: list[int]
+) -> None:
+    """Across both runs every record was emitted, audited late, or a duplicate of an emitted
+    one; none both emitted and late."""
     emitted = {r["id"] for r in output}
     assert not emitted & set(late_ids)
     emitted_keys = {(row["user"], row["ts"]) for _, row in records if row["id"] in emitted}
     for _, row in records:
         if row["id"] not in emitted and row["id"] not in late_ids:
             assert (row["user"], row["ts"]) in emitted_keys, f"{row} vanished"
+
+
+def _check_windows_balance(
+    records: list[tuple[int, dict[str, Any]]],
+    output: list[dict[str, Any]],
+    late: list[Any],
+    reader: CheckpointReader,
+) -> None:
+    """Every window the last batch's watermark closed: emitted count + audited rows == the
+    records of that window, across both runs."""
+    from tests.test_audit_kafka_spark import sec_of
+    from tests.test_audit_spark import assert_windows_balance
+
+    expected = Counter(
+        (int(sec_of(row["ts"])) // 10 * 10_000, int(sec_of(row["ts"])) // 10 * 10_000 + 10_000)
+        for _, row in records
+    )
+    last = reader.offsets(reader.committed_batches()[-1])
+    assert last is not None
+    assert_windows_balance(dict(expected), output, late, last.watermark_ms)
