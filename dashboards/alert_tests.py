@@ -365,7 +365,8 @@ CASES = [
                 {**TARGET, "query": "purged", "severity": "warning"},
                 "Late-row audit of purged lost batches",
                 "In the last 1h, batches of purged could not be audited: the checkpoint had "
-                "purged their offsets or source-log entries first.",
+                "purged their offsets or source-log entries, or Kafka had deleted their records, "
+                "first.",
             )
         ],
     ),

@@ -413,13 +413,15 @@ def rules(p: Profile) -> list[Rule]:
             summary="Late-row audit of {{ $labels.query }} lost batches",
             description=(
                 f"In the last {p.lost_window}, batches of {{{{ $labels.query }}}} could not be "
-                "audited: the checkpoint had purged their offsets or source-log entries first."
+                "audited: the checkpoint had purged their offsets or source-log entries, or "
+                "Kafka had deleted their records, first."
             ),
             runbook=(
                 "The late rows of those batches are unknown; the audit goes on with the batches "
                 "that follow. The driver log names each lost batch and the reason. See "
                 "WmwatchAuditNearRetention for how to keep the audit within the retention; a batch "
-                "job over the lost batches' input files can recover their late rows."
+                "job over the lost batches' input files can recover their late rows. For Kafka, "
+                "keep records (the topic's retention.ms) longer than the audit's lag."
             ),
         ),
         Rule(

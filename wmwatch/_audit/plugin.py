@@ -140,7 +140,7 @@ class AuditPlugin(WatchPlugin):
         lost = CounterMetricFamily(
             "wmwatch_audit_batches_lost",
             "Committed batches the audit could not audit: their offsets or source-log entries "
-            "were purged from the checkpoint first.",
+            "were purged from the checkpoint, or their Kafka records deleted, first.",
             labels=["query"],
         )
         kept_behind = CounterMetricFamily(
