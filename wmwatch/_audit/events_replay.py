@@ -27,6 +27,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from wmwatch._audit.events_refusals import (
+    batch_time_reason,
+    nondeterministic_reason,
+    refused,
+    stateful_reason,
+)
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError
 from wmwatch._text import first_line, redact
@@ -34,24 +40,6 @@ from wmwatch._text import first_line, redact
 _CATALYST = "org.apache.spark.sql.catalyst"
 # nodes a batch replay leaves out: they only mark the event-time column for the stream
 _WATERMARK_NODES = frozenset({"EventTimeWatermark", "UpdateEventTimeWatermarkColumn"})
-# steps whose output depends on earlier batches (state) or on a whole stream
-STATEFUL_PREFIXES = (
-    "Aggregate",
-    "Deduplicate",
-    "Distinct",
-    "Join",
-    "FlatMapGroupsWithState",
-    "FlatMapGroupsInPandasWithState",
-    "TransformWithState",
-    "GlobalLimit",
-    "LocalLimit",
-    "Limit",
-    "Window",
-    "CoGroup",
-    "FlatMapCoGroups",
-    "Intersect",
-    "Except",
-)
 # expressions whose value is the time a batch ran, which a later replay cannot know
 _BATCH_TIME = frozenset(
     {
@@ -115,52 +103,6 @@ def _describe(expression: Any) -> str:
         return first_line(str(expression.sql()), 80) or str(expression.prettyName())
     except Exception:  # noqa: BLE001 - an expression without SQL text still has a name
         return str(expression.prettyName())
-
-
-_DETERMINISTIC_HINT = (
-    "make that step deterministic or pass prepare=, a function that turns the raw source rows "
-    "into events"
-)
-
-
-def stateful_reason(name: str) -> str | None:
-    """Why a plan node named ``name`` cannot be replayed over one batch, or None."""
-    if name.startswith("Join"):
-        # with one streaming read in events, the other side is a table read as it is now
-        return (
-            "it joins its stream with another DataFrame (Join), which a replay would read as it "
-            "is now; pass as events the DataFrame the join reads, or prepare="
-        )
-    if name.startswith(STATEFUL_PREFIXES):
-        return (
-            f"it has a stateful step ({name}) before the query's first stateful operator, whose "
-            "output depends on earlier batches; pass as events the DataFrame that step reads"
-        )
-    if name == "Sample":
-        return (
-            "it samples rows at random (sample()), so a replay would keep other rows; "
-            + _DETERMINISTIC_HINT
-        )
-    return None
-
-
-def batch_time_reason(expression: str) -> str:
-    return (
-        f"it uses {expression}, whose value is the time each batch ran, which a replay cannot "
-        f"know; {_DETERMINISTIC_HINT}"
-    )
-
-
-def nondeterministic_reason(expression: str) -> str:
-    return (
-        f"it uses {expression}, which is not deterministic, so a replay would not see the rows "
-        f"the query saw; {_DETERMINISTIC_HINT}"
-    )
-
-
-def refused(reason: str) -> AuditError:
-    """The one-line refusal of ``events`` for ``reason``."""
-    return AuditError(f"events cannot be replayed as written: {reason}.")
 
 
 def unreplayable_reason(spark: Any, node: Any) -> str | None:
