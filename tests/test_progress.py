@@ -428,3 +428,27 @@ def test_a_credential_cut_by_the_length_bound_is_still_masked() -> None:
     assert clean_name(name) == "n" * 195 + "passw"
     url = "x" * 190 + " s3a://AKIA:hunter2@bucket"
     assert "hunter" not in (clean_name(url) or "")
+
+
+def test_an_operator_that_did_not_run_has_no_dropped_count() -> None:
+    """Spark's progress of a batch run again after a restart that its file sink had already
+    written (the sink skips it; seen on 4.3): the operator opened no state store and its 0 is
+    no count. It is kept as unknown in the snapshot and the history, not as 0 dropped."""
+    from wmwatch._store.rows import progress_rows
+
+    skipped = {
+        "operatorName": "sessionWindowStateStoreSaveExec",
+        "numRowsTotal": 0,
+        "numRowsDroppedByWatermark": 0,
+        "numShufflePartitions": 1,
+        "numStateStoreInstances": 0,
+    }
+    ran = {**skipped, "numRowsDroppedByWatermark": 4, "numStateStoreInstances": 1}
+    now = datetime.now(UTC)
+    for operator, dropped in ((skipped, None), (ran, 4)):
+        snap = parse_progress(json.dumps(minimal(numInputRows=0, stateOperators=[operator])))
+        assert snap.operators[0].rows_dropped_by_watermark == dropped
+        assert snap.operators[0].ran is (dropped is not None)
+        rows = progress_rows(snap, None, now)
+        assert rows.batch.rows_dropped_by_watermark == dropped
+        assert rows.operators[0].rows_dropped_by_watermark == dropped

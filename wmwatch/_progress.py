@@ -47,6 +47,13 @@ class OperatorProgress:
     state_store_instances: int | None = None
     custom_metrics: Mapping[str, float] = field(default_factory=dict)
 
+    @property
+    def ran(self) -> bool:
+        """Whether the operator ran in the batch. One that opened no state store did not: a
+        batch run again after a restart that its sink had already written is skipped by the
+        sink, and Spark then reports zeros it never counted."""
+        return self.state_store_instances != 0
+
 
 @dataclass(frozen=True, slots=True)
 class SourceProgress:
@@ -283,6 +290,8 @@ def _parse_operators(value: Any) -> tuple[OperatorProgress, ...]:
                 number = _as_float(metric)
                 if number is not None:
                     custom_metrics[_key(key)] = number
+        instances = _as_nonneg_int(item.get("numStateStoreInstances"))
+        dropped = _as_nonneg_int(item.get("numRowsDroppedByWatermark"))
         operators.append(
             OperatorProgress(
                 operator_id=index,
@@ -290,10 +299,11 @@ def _parse_operators(value: Any) -> tuple[OperatorProgress, ...]:
                 rows_total=_as_nonneg_int(item.get("numRowsTotal")),
                 rows_updated=_as_nonneg_int(item.get("numRowsUpdated")),
                 rows_removed=_as_nonneg_int(item.get("numRowsRemoved")),
-                rows_dropped_by_watermark=_as_nonneg_int(item.get("numRowsDroppedByWatermark")),
+                # an operator that did not run counted nothing (see OperatorProgress.ran)
+                rows_dropped_by_watermark=None if instances == 0 else dropped,
                 memory_used_bytes=_as_nonneg_int(item.get("memoryUsedBytes")),
                 shuffle_partitions=_as_nonneg_int(item.get("numShufflePartitions")),
-                state_store_instances=_as_nonneg_int(item.get("numStateStoreInstances")),
+                state_store_instances=instances,
                 custom_metrics=custom_metrics,
             )
         )

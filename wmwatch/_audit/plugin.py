@@ -92,9 +92,12 @@ class AuditPlugin(WatchPlugin):
                 to_epoch_ms(snapshot.event_time_min_at),
                 snapshot.run_id,
                 has_rows=bool(snapshot.input_rows),
+                # None when Spark did not count: an operator did not run in the batch
                 dropped_by_operator={
                     op.operator_id: op.rows_dropped_by_watermark or 0 for op in snapshot.operators
-                },
+                }
+                if all(op.ran for op in snapshot.operators)
+                else None,
             )
 
     def on_query_terminated(self, event: QueryTerminated) -> None:

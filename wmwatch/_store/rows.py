@@ -228,6 +228,8 @@ def progress_rows(
 ) -> ProgressRows:
     """The rows of one snapshot, built on the caller's thread (the writer only stages them)."""
     has_operators = bool(snapshot.operators)
+    # None, not 0, when no operator counted (see OperatorProgress.rows_dropped_by_watermark)
+    counted = any(op.rows_dropped_by_watermark is not None for op in snapshot.operators)
     seq = next(_seq_for_rows)
     batch = BatchRow(
         query_id=snapshot.query_id,
@@ -247,7 +249,7 @@ def progress_rows(
         processed_rows_per_second=snapshot.processed_rows_per_second,
         batch_duration_seconds=snapshot.batch_duration_seconds,
         durations_seconds=json.dumps(dict(snapshot.durations_seconds), sort_keys=True),
-        rows_dropped_by_watermark=snapshot.rows_dropped_by_watermark if has_operators else None,
+        rows_dropped_by_watermark=snapshot.rows_dropped_by_watermark if counted else None,
         state_rows_total=snapshot.state_rows_total if has_operators else None,
         state_memory_bytes=snapshot.state_memory_bytes if has_operators else None,
         sink_output_rows=snapshot.sink_output_rows,
