@@ -76,13 +76,15 @@ def run_delta(
     batching: str,
     name: str,
     between: Callable[[int, Path], None] | None = None,
+    shape: Callable[[Any], Any] = lambda df: df,
 ) -> dict[str, Any]:
     """Run ``build(events)`` over a Delta stream of the test input with the audit on.
 
     ``each``: the table starts with the first file, then a commit per file, a batch per commit
     (``between(i, table)`` runs after commit i); ``snapshot``: every commit (two files each)
     before the query starts, batches of 3 files of the snapshot; ``log``: the same table read
-    from ``startingVersion=0``, 3 files per batch, cutting commits.
+    from ``startingVersion=0``, 3 files per batch, cutting commits. ``shape`` is what the user's
+    ``events`` does to the stream before ``withWatermark`` (audited with no ``prepare=``).
     """
     table = folder / "table"
     files = stream_files()
@@ -95,7 +97,7 @@ def run_delta(
         reader = reader.option("maxFilesPerTrigger", 3)
         if batching == "log":
             reader = reader.option("startingVersion", 0)
-    events = reader.load(str(table)).withWatermark("ts", DELAY)
+    events = shape(reader.load(str(table))).withWatermark("ts", DELAY)
     writer = (
         build(events)
         .writeStream.format("memory")
@@ -228,6 +230,56 @@ def test_drop_duplicates_over_delta_conserves_rows(
     )
     check_dedupe(result, lambda r: (r["user"], r["ts"]), "dedupe")
     assert result["status"]["batches_lost"] == 0
+
+
+def kept_by_filter(row: dict[str, Any]) -> bool:
+    """The filter of the events below, in Python: the ground truth is the rows it keeps."""
+    return int(row["id"]) % 3 != 0
+
+
+@pytest.mark.parametrize(("kind", "batching"), [("dedupe", "each"), ("window", "log")])
+def test_events_as_written_over_delta_are_replayed_exactly(
+    delta_spark: Any, stream_dir: Path, kind: str, batching: str
+) -> None:
+    """``events`` that derive a column and filter rows before ``withWatermark`` are audited with
+    no ``prepare=``: the audit replays the user's own plan over each batch's Delta files."""
+    from pyspark.sql import functions as F
+
+    def shape(df: Any) -> Any:
+        return df.withColumn("user", F.upper("user")).filter(F.col("id") % 3 != 0)
+
+    build = (
+        (lambda e: e.dropDuplicates(["user", "ts"]))
+        if kind == "dedupe"
+        else (lambda e: e.groupBy(F.window("ts", "10 seconds")).count())
+    )
+    result = run_delta(
+        delta_spark, stream_dir, build, batching=batching, name=f"delta_as_written_{kind}",
+        shape=shape,
+    )  # fmt: skip
+    result["files"] = [[r for r in f if kept_by_filter(r)] for f in result["files"]]
+    assert result["status"]["batches_lost"] == 0 and result["status"]["errors"] == 0
+    if kind == "dedupe":
+        check_dedupe(result, lambda r: (r["user"].upper(), r["ts"]), "dedupe")
+        audited = [json.loads(r[8]) for r in result["late"]]
+        # the replay ran the user's withColumn and filter, not the raw table
+        assert all(a["user"].isupper() and kept_by_filter(a) for a in audited)
+    else:
+        wm_ms = final_watermark_ms(result["progress"])
+        expected = window_counts(all_rows(result["files"]), 10)
+        emitted = {
+            (int(r["window"]["start"].timestamp() * 1000), int(r["window"]["end"].timestamp() * 1000)):
+            r["count"] for r in result["output"]
+        }  # fmt: skip
+        audited = Counter((r[4], r[5]) for r in result["late"])
+        closed = [w for w in expected if w[1] <= wm_ms]
+        assert len(closed) >= 4 and audited
+        for window in closed:  # the filter's rows only: emitted + audited == what it kept
+            assert emitted.get(window, 0) + audited.get(window, 0) == expected[window], window
+        late_groups = {(r[0], r[4]) for r in result["late"]}
+        assert len(late_groups) == dropped_by_watermark(result["progress"]) > 0
+        assert all(kept_by_filter(json.loads(r[8])) for r in result["late"])
+    assert_marks_complete(result)
 
 
 def test_vacuumed_batch_is_lost_with_its_reason_and_later_ones_audited(
