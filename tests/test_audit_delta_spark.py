@@ -268,9 +268,10 @@ def test_events_as_written_over_delta_are_replayed_exactly(
         wm_ms = final_watermark_ms(result["progress"])
         expected = window_counts(all_rows(result["files"]), 10)
         emitted = {
-            (int(r["window"]["start"].timestamp() * 1000), int(r["window"]["end"].timestamp() * 1000)):
-            r["count"] for r in result["output"]
-        }  # fmt: skip
+            (int(w["start"].timestamp() * 1000), int(w["end"].timestamp() * 1000)): r["count"]
+            for r in result["output"]
+            for w in [r["window"]]
+        }
         audited = Counter((r[4], r[5]) for r in result["late"])
         closed = [w for w in expected if w[1] <= wm_ms]
         assert len(closed) >= 4 and audited
