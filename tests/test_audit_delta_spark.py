@@ -518,3 +518,94 @@ def test_demo_reads_its_events_from_a_delta_table_with_the_audit_balanced(
     groups = Counter(batch_id for batch_id, _ in {(b, (w, u)) for b, w, u in late})
     for batch_id, count in dropped.items():
         assert groups.get(batch_id, 0) == (count or 0), batch_id
+
+
+def test_column_added_mid_stream_stops_the_stream_and_the_restart_is_audited_exactly(
+    delta_spark: Any, stream_dir: Path
+) -> None:
+    """A commit that adds a column (``mergeSchema`` on append) stops Delta's stream (Delta
+    4.4 fails it on any schema change, additive too, and asks for a restart); the restarted
+    query reads the new schema. The audit, behind when the stream stopped, counts every late row
+    of both runs exactly as Spark dropped it, never a false one: the restarted audit replays the
+    batches read before the change without the new column (null, as Delta reads older files)
+    and those after it with it."""
+    spark = delta_spark
+    table = stream_dir / "table"
+    files = stream_files()
+    append(spark, table, files[0])
+    db = stream_dir / "history.duckdb"
+    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=CollectorRegistry())
+    checkpoint = str(stream_dir / "checkpoint")
+
+    def start(name: str) -> tuple[Any, Any]:
+        events = spark.readStream.format("delta").load(str(table)).withWatermark("ts", DELAY)
+        query = (
+            events.dropDuplicates(["user", "ts"])
+            .writeStream.format("parquet")  # the memory sink cannot restart
+            .queryName(name)
+            .option("path", str(stream_dir / "out"))
+            .option("checkpointLocation", checkpoint)
+            .start()
+        )
+        return query, watch.audit(query, events)
+
+    def widened(rows: list[dict[str, Any]]) -> None:
+        data = [
+            (r["id"], r["user"], datetime.fromisoformat(r["ts"].replace("Z", "+00:00")), "app")
+            for r in rows
+        ]
+        frame = spark.createDataFrame(data, f"{SCHEMA}, origin string").coalesce(1)
+        frame.write.format("delta").mode("append").option("mergeSchema", "true").save(str(table))
+
+    progress: list[dict[str, Any]] = []
+    try:
+        query, handle = start("delta_schema_1")
+        query.processAllAvailable()
+        append(spark, table, files[1])
+        query.processAllAvailable()
+        assert handle.sync(120), handle.status()
+        handle.stop()  # the audit falls behind: the restart audits the batches before the change
+        append(spark, table, files[2])
+        query.processAllAvailable()
+        widened(files[3])
+        failure = None
+        try:
+            query.processAllAvailable()
+        except Exception as exc:  # noqa: BLE001 - what Delta does is the finding
+            failure = str(exc)
+        progress += list(query.recentProgress)
+        first = handle.status()
+        handle.stop()
+        query.stop()
+        query, handle = start("delta_schema_2")
+        query.processAllAvailable()
+        for f in files[4:]:
+            widened(f)
+            query.processAllAvailable()
+        assert handle.sync(120), handle.status()
+        second = handle.status()
+        progress += list(query.recentProgress)
+        handle.stop()
+    finally:
+        for q in spark.streams.active:
+            q.stop()
+        watch.close()
+    found = history(db)
+    # Delta 4.4 stops the stream at the additive change and asks for a restart
+    assert failure is not None and "DELTA_SCHEMA_CHANGED_WITH_VERSION" in failure
+    for status in (first, second):
+        assert status["errors"] == 0 and status["batches_lost"] == 0, status
+    late = [(r[0], json.loads(r[8])) for r in found["late"]]
+    ids = [row["id"] for _, row in late]
+    assert len(ids) == len(set(ids)), "a late row audited twice"
+    # Spark's count batch by batch across both runs
+    per_batch = Counter(b for b, _ in late)
+    dropped = {p["batchId"]: dropped_by_watermark([p]) for p in progress}
+    assert sum(dropped.values()) == len(late) > 0
+    for batch, count in dropped.items():
+        assert per_batch.get(batch, 0) == count, batch
+    # the restart audited batches read before the change (no origin) and after it (with it)
+    restarted = [row for b, row in late if b > first["last_audited_batch"]]
+    assert any("origin" not in row for row in restarted)
+    assert any(row.get("origin") == "app" for row in restarted)
+    assert_marks_complete({**found, "checkpoint": CheckpointReader(checkpoint)})
