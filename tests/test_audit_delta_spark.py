@@ -76,13 +76,15 @@ def run_delta(
     batching: str,
     name: str,
     between: Callable[[int, Path], None] | None = None,
+    shape: Callable[[Any], Any] = lambda df: df,
 ) -> dict[str, Any]:
     """Run ``build(events)`` over a Delta stream of the test input with the audit on.
 
     ``each``: the table starts with the first file, then a commit per file, a batch per commit
     (``between(i, table)`` runs after commit i); ``snapshot``: every commit (two files each)
     before the query starts, batches of 3 files of the snapshot; ``log``: the same table read
-    from ``startingVersion=0``, 3 files per batch, cutting commits.
+    from ``startingVersion=0``, 3 files per batch, cutting commits. ``shape`` is what the user's
+    ``events`` does to the stream before ``withWatermark`` (audited with no ``prepare=``).
     """
     table = folder / "table"
     files = stream_files()
@@ -95,7 +97,7 @@ def run_delta(
         reader = reader.option("maxFilesPerTrigger", 3)
         if batching == "log":
             reader = reader.option("startingVersion", 0)
-    events = reader.load(str(table)).withWatermark("ts", DELAY)
+    events = shape(reader.load(str(table))).withWatermark("ts", DELAY)
     writer = (
         build(events)
         .writeStream.format("memory")
@@ -228,6 +230,57 @@ def test_drop_duplicates_over_delta_conserves_rows(
     )
     check_dedupe(result, lambda r: (r["user"], r["ts"]), "dedupe")
     assert result["status"]["batches_lost"] == 0
+
+
+def kept_by_filter(row: dict[str, Any]) -> bool:
+    """The filter of the events below, in Python: the ground truth is the rows it keeps."""
+    return int(row["id"]) % 3 != 0
+
+
+@pytest.mark.parametrize(("kind", "batching"), [("dedupe", "each"), ("window", "log")])
+def test_events_as_written_over_delta_are_replayed_exactly(
+    delta_spark: Any, stream_dir: Path, kind: str, batching: str
+) -> None:
+    """``events`` that derive a column and filter rows before ``withWatermark`` are audited with
+    no ``prepare=``: the audit replays the user's own plan over each batch's Delta files."""
+    from pyspark.sql import functions as F
+
+    def shape(df: Any) -> Any:
+        return df.withColumn("user", F.upper("user")).filter(F.col("id") % 3 != 0)
+
+    build = (
+        (lambda e: e.dropDuplicates(["user", "ts"]))
+        if kind == "dedupe"
+        else (lambda e: e.groupBy(F.window("ts", "10 seconds")).count())
+    )
+    result = run_delta(
+        delta_spark, stream_dir, build, batching=batching, name=f"delta_as_written_{kind}",
+        shape=shape,
+    )  # fmt: skip
+    result["files"] = [[r for r in f if kept_by_filter(r)] for f in result["files"]]
+    assert result["status"]["batches_lost"] == 0 and result["status"]["errors"] == 0
+    if kind == "dedupe":
+        check_dedupe(result, lambda r: (r["user"].upper(), r["ts"]), "dedupe")
+        audited = [json.loads(r[8]) for r in result["late"]]
+        # the replay ran the user's withColumn and filter, not the raw table
+        assert all(a["user"].isupper() and kept_by_filter(a) for a in audited)
+    else:
+        wm_ms = final_watermark_ms(result["progress"])
+        expected = window_counts(all_rows(result["files"]), 10)
+        emitted = {
+            (int(w["start"].timestamp() * 1000), int(w["end"].timestamp() * 1000)): r["count"]
+            for r in result["output"]
+            for w in [r["window"]]
+        }
+        audited = Counter((r[4], r[5]) for r in result["late"])
+        closed = [w for w in expected if w[1] <= wm_ms]
+        assert len(closed) >= 4 and audited
+        for window in closed:  # the filter's rows only: emitted + audited == what it kept
+            assert emitted.get(window, 0) + audited.get(window, 0) == expected[window], window
+        late_groups = {(r[0], r[4]) for r in result["late"]}
+        assert len(late_groups) == dropped_by_watermark(result["progress"]) > 0
+        assert all(kept_by_filter(json.loads(r[8])) for r in result["late"])
+    assert_marks_complete(result)
 
 
 def test_vacuumed_batch_is_lost_with_its_reason_and_later_ones_audited(
@@ -465,3 +518,94 @@ def test_demo_reads_its_events_from_a_delta_table_with_the_audit_balanced(
     groups = Counter(batch_id for batch_id, _ in {(b, (w, u)) for b, w, u in late})
     for batch_id, count in dropped.items():
         assert groups.get(batch_id, 0) == (count or 0), batch_id
+
+
+def test_column_added_mid_stream_stops_the_stream_and_the_restart_is_audited_exactly(
+    delta_spark: Any, stream_dir: Path
+) -> None:
+    """A commit that adds a column (``mergeSchema`` on append) stops Delta's stream (Delta
+    4.4 fails it on any schema change, additive too, and asks for a restart); the restarted
+    query reads the new schema. The audit, behind when the stream stopped, counts every late row
+    of both runs exactly as Spark dropped it, never a false one: the restarted audit replays the
+    batches read before the change without the new column (null, as Delta reads older files)
+    and those after it with it."""
+    spark = delta_spark
+    table = stream_dir / "table"
+    files = stream_files()
+    append(spark, table, files[0])
+    db = stream_dir / "history.duckdb"
+    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=CollectorRegistry())
+    checkpoint = str(stream_dir / "checkpoint")
+
+    def start(name: str) -> tuple[Any, Any]:
+        events = spark.readStream.format("delta").load(str(table)).withWatermark("ts", DELAY)
+        query = (
+            events.dropDuplicates(["user", "ts"])
+            .writeStream.format("parquet")  # the memory sink cannot restart
+            .queryName(name)
+            .option("path", str(stream_dir / "out"))
+            .option("checkpointLocation", checkpoint)
+            .start()
+        )
+        return query, watch.audit(query, events)
+
+    def widened(rows: list[dict[str, Any]]) -> None:
+        data = [
+            (r["id"], r["user"], datetime.fromisoformat(r["ts"].replace("Z", "+00:00")), "app")
+            for r in rows
+        ]
+        frame = spark.createDataFrame(data, f"{SCHEMA}, origin string").coalesce(1)
+        frame.write.format("delta").mode("append").option("mergeSchema", "true").save(str(table))
+
+    progress: list[dict[str, Any]] = []
+    try:
+        query, handle = start("delta_schema_1")
+        query.processAllAvailable()
+        append(spark, table, files[1])
+        query.processAllAvailable()
+        assert handle.sync(120), handle.status()
+        handle.stop()  # the audit falls behind: the restart audits the batches before the change
+        append(spark, table, files[2])
+        query.processAllAvailable()
+        widened(files[3])
+        failure = None
+        try:
+            query.processAllAvailable()
+        except Exception as exc:  # noqa: BLE001 - what Delta does is the finding
+            failure = str(exc)
+        progress += list(query.recentProgress)
+        first = handle.status()
+        handle.stop()
+        query.stop()
+        query, handle = start("delta_schema_2")
+        query.processAllAvailable()
+        for f in files[4:]:
+            widened(f)
+            query.processAllAvailable()
+        assert handle.sync(120), handle.status()
+        second = handle.status()
+        progress += list(query.recentProgress)
+        handle.stop()
+    finally:
+        for q in spark.streams.active:
+            q.stop()
+        watch.close()
+    found = history(db)
+    # Delta 4.4 stops the stream at the additive change and asks for a restart
+    assert failure is not None and "DELTA_SCHEMA_CHANGED_WITH_VERSION" in failure
+    for status in (first, second):
+        assert status["errors"] == 0 and status["batches_lost"] == 0, status
+    late = [(r[0], json.loads(r[8])) for r in found["late"]]
+    ids = [row["id"] for _, row in late]
+    assert len(ids) == len(set(ids)), "a late row audited twice"
+    # Spark's count batch by batch across both runs
+    per_batch = Counter(b for b, _ in late)
+    dropped = {p["batchId"]: dropped_by_watermark([p]) for p in progress}
+    assert sum(dropped.values()) == len(late) > 0
+    for batch, count in dropped.items():
+        assert per_batch.get(batch, 0) == count, batch
+    # the restart audited batches read before the change (no origin) and after it (with it)
+    restarted = [row for b, row in late if b > first["last_audited_batch"]]
+    assert any("origin" not in row for row in restarted)
+    assert any(row.get("origin") == "app" for row in restarted)
+    assert_marks_complete({**found, "checkpoint": CheckpointReader(checkpoint)})

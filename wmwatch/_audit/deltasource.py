@@ -367,6 +367,7 @@ class DeltaBatchSource:
         """The batch's rows, read through Delta's own reader over exactly its files."""
         from pyspark.sql import DataFrame
         from pyspark.sql import functions as F
+        from pyspark.sql.types import StructType
 
         batch: DeltaBatch = what
         jvm = spark.sparkContext._jvm
@@ -382,7 +383,7 @@ class DeltaBatchSource:
         for f in batch.files:
             groups.setdefault(f.version if with_dv else 0, []).append(f)
         # the stream's columns (its schema when it started; a column added since is not read)
-        names = [str(c["name"]) for c in json.loads(self.spec.schema_json)["fields"]]
+        fields = StructType.fromJson(json.loads(self.spec.schema_json)).fields
         frames = []
         for group in groups.values():
             actions = jvm.java.util.ArrayList()
@@ -394,7 +395,7 @@ class DeltaBatchSource:
             frame = DataFrame(jdf, spark)
             frames.append(
                 frame.select(
-                    *[F.col(f"`{n}`") for n in names],
+                    *stream_columns(fields, set(frame.columns)),
                     F.col("_metadata.file_path").alias(SOURCE_FILE_COL),
                 )
             )
@@ -402,3 +403,15 @@ class DeltaBatchSource:
         for frame in frames[1:]:
             result = result.unionByName(frame)
         return result
+
+
+def stream_columns(fields: Iterable[Any], present: set[str]) -> list[Any]:
+    """The stream's columns over a batch read at its own table version: a column the table
+    gained after the batch (a restart after a schema change reads the new schema) is null in
+    it, as Delta reads an older file under a wider schema."""
+    from pyspark.sql import functions as F
+
+    return [
+        F.col(f"`{f.name}`") if f.name in present else F.lit(None).cast(f.dataType).alias(f.name)
+        for f in fields
+    ]
