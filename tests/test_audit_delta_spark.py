@@ -6,16 +6,18 @@ the audit on, and checks that what the query emitted plus what the audit recorde
 input. Batches are cut three ways: a commit per batch (the first batch the table's snapshot),
 the snapshot of a finished table cut by ``maxFilesPerTrigger``, and the log from
 ``startingVersion=0`` cut by ``maxFilesPerTrigger`` inside commits. An ``OPTIMIZE`` between
-batches, a table vacuumed under the audit and a delete skipped by ``skipChangeCommits`` are the
-awkward cases. These tests run in the pyspark 4.2 environment (``nox -s delta``).
+batches, a table vacuumed under the audit, a delete skipped by ``skipChangeCommits`` and a stream
+from a ``startingTimestamp`` are the awkward cases. These tests run in the pyspark 4.2
+environment (``nox -s delta``).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -609,3 +611,79 @@ def test_column_added_mid_stream_stops_the_stream_and_the_restart_is_audited_exa
     assert any("origin" not in row for row in restarted)
     assert any(row.get("origin") == "app" for row in restarted)
     assert_marks_complete({**found, "checkpoint": CheckpointReader(checkpoint)})
+
+
+def commit_time_ms(table: Path, version: int) -> int:
+    """A commit's time as Delta reads it: its in-commit timestamp when the table writes them,
+    else its log file's modification time (in ms, as Hadoop reports it)."""
+    log = table / "_delta_log" / f"{version:020d}.json"
+    for line in log.read_text().splitlines():
+        info = json.loads(line).get("commitInfo")
+        if info is not None and "inCommitTimestamp" in info:
+            return int(info["inCommitTimestamp"])
+    return log.stat().st_mtime_ns // 1_000_000
+
+
+def iso_ms(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@pytest.mark.parametrize("at", ["between", "on"])
+def test_stream_from_a_starting_timestamp_is_audited_from_the_version_delta_starts_at(
+    delta_spark: Any, stream_dir: Path, at: str
+) -> None:
+    """``startingTimestamp`` between two commits' times starts the stream at the later commit
+    (``on`` a commit's time: at that commit); the audit replays its first batch from exactly
+    that version, and with its late rows equals Spark's count of dropped rows."""
+    from wmwatch._audit.deltasource import DeltaBatchSource, delta_spec_of
+
+    spark = delta_spark
+    table = stream_dir / "table"
+    # commits 0 and 1 are before the start: their rows would be late if the audit read them
+    append(spark, table, [{"id": 1, "user": "a", "ts": "2026-01-01T00:00:01Z"}])
+    append(spark, table, [{"id": 2, "user": "a", "ts": "2026-01-01T00:00:02Z"}])
+    time.sleep(0.05)  # commit 2's time is strictly after commit 1's
+    append(spark, table, [{"id": 3, "user": "a", "ts": "2026-01-01T00:00:40Z"}])
+    late = [{"id": i, "user": "b", "ts": f"2026-01-01T00:00:0{i - 9}Z"} for i in range(10, 16)]
+    append(spark, table, [*late, {"id": 20, "user": "c", "ts": "2026-01-01T00:00:50Z"}], files=2)
+    before, start = commit_time_ms(table, 1), commit_time_ms(table, 2)
+    assert start > before + 1
+    starting = iso_ms((before + start) // 2 if at == "between" else start)
+    events = (
+        spark.readStream.format("delta")
+        .option("startingTimestamp", starting)
+        .option("maxFilesPerTrigger", 1)
+        .load(str(table))
+        .withWatermark("ts", DELAY)
+    )
+    db = stream_dir / "history.duckdb"
+    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=CollectorRegistry())
+    query = (
+        events.dropDuplicates(["user", "ts"])
+        .writeStream.format("memory")
+        .queryName(f"delta_start_ts_{at}")
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(stream_dir / "checkpoint"))
+        .start()
+    )
+    try:
+        handle = watch.audit(query, events)
+        query.awaitTermination(120)
+        assert handle.sync(120), handle.status()
+        progress = list(query.recentProgress)
+        output = {r["id"] for r in spark.table(f"delta_start_ts_{at}").collect()}
+        handle.stop()
+    finally:
+        query.stop()
+        watch.close()
+    found = history(db)
+    audited = sorted(json.loads(r[8])["id"] for r in found["late"])
+    assert audited and len(audited) == dropped_by_watermark(progress)
+    # every row from commit 2 on is either emitted or audited late; none before it is either
+    assert sorted([*output, *audited]) == [3, *range(10, 16), 20]
+    checkpoint = CheckpointReader(str(stream_dir / "checkpoint"))
+    assert_marks_complete({**found, "checkpoint": checkpoint})
+    # the replay of the first batch reads commit 2 (not a snapshot, not commits 0 and 1)
+    spec = delta_spec_of({"startingTimestamp": starting}, [str(table)], events.schema.json())
+    first = DeltaBatchSource(spec, 0, spark).batch_input(checkpoint, 0)
+    assert first is not None and {f.version for f in first.files} == {2}

@@ -4,8 +4,9 @@ A Delta stream logs its position as ``{"sourceVersion":1,"reservoirId":...,"rese
 "index":I,"isStartingVersion":S}``. Delta's source (``DeltaSource.getFileChanges``) reads the
 table as one sequence of files, each numbered ``(version, index)``:
 
-- the first snapshot (when the stream started without ``startingVersion``): the snapshot's files
-  at version V, sorted by ``(modificationTime, path)`` and numbered 0.., all with version V;
+- the first snapshot (when the stream started without ``startingVersion``/``startingTimestamp``):
+  the snapshot's files at version V, sorted by ``(modificationTime, path)`` and numbered 0..,
+  all with version V;
 - then, commit by commit, the ``AddFile`` actions with ``dataChange=true``, in the commit's
   order, numbered 0.. within their version. A commit that also removes data
   (``RemoveFile`` with ``dataChange=true``) is left out whole under ``skipChangeCommits``; a
@@ -15,8 +16,10 @@ Batch N read the files after ``offsets/N-1``'s ``(reservoirVersion, index)`` up 
 ``offsets/N``'s (index -1 stands before every file of its version). ``maxFilesPerTrigger`` and
 ``maxBytesPerTrigger`` only decide where a batch ends, which the log records, so the replay needs
 neither. The first batch starts before the snapshot (``isStartingVersion`` true in its end), at
-``startingVersion``, or, when its end is past the snapshot, in the snapshot of the version before
-its end (``DeltaSource.extractStartingState``). Rows are read back through Delta's own reader
+``startingVersion`` or the version ``startingTimestamp`` resolves to (the first commit at or after
+it, resolved by Delta's own ``DeltaSource.getStartingVersionFromTimestamp``), or, when its end is
+past the snapshot, in the snapshot of the version before its end
+(``DeltaSource.extractStartingState``). Rows are read back through Delta's own reader
 (``DeltaLog.createDataFrame`` over exactly those ``AddFile`` actions, one scan per version when
 files carry deletion vectors, as the stream does), so partition values, column mapping and
 deletion vectors are applied as the stream applied them.
@@ -88,6 +91,8 @@ class DeltaSourceSpec:
     schema_json: str
     starting_version: int | None
     skip_change_commits: bool
+    # the startingTimestamp option as written; resolved to a version against the table's log
+    starting_timestamp: str | None = None
 
 
 def parse_delta_offset(text: str, what: str) -> DeltaOffset:
@@ -190,13 +195,10 @@ def delta_spec_of(options: dict[str, str], paths: list[str], schema_json: str) -
                 "streams that start at their first snapshot or at a numbered startingVersion."
             )
         starting_version = int(starting)
-    if _option(options, "startingTimestamp") is not None and starting_version is None:
-        raise UnsupportedSourceError(
-            "the Delta stream starts at a startingTimestamp; the audit replays streams that "
-            "start at their first snapshot or at a numbered startingVersion."
-        )
+    # Delta refuses both options together, so at most one is set on a stream that ran
+    starting_timestamp = _option(options, "startingTimestamp")
     skip = (_option(options, "skipChangeCommits") or "false").strip().lower() == "true"
-    return DeltaSourceSpec(path, schema_json, starting_version, skip)
+    return DeltaSourceSpec(path, schema_json, starting_version, skip, starting_timestamp)
 
 
 def is_delta_source(relation: Any) -> bool:
@@ -279,12 +281,48 @@ class DeltaBatchSource:
         before = parse_delta_offset(before_text, "start") if before_text is not None else None
         if before is not None and (before.version, before.index) == (end.version, end.index):
             return None  # the batch read nothing new from this table
-        start = batch_start(before, end, self.spec.starting_version)
+        starting_version = self.spec.starting_version
+        if before is None and self.spec.starting_timestamp is not None:
+            starting_version = self._version_at(self.spec.starting_timestamp)
+        start = batch_start(before, end, starting_version)
         files = in_range(self._sequence(start, end), start, end)
         self._check_present(batch_id, files)
         # the end can stand before a version not yet committed (index -1): read the files at
         # the newest version they come from
         return DeltaBatch(tuple(files), max(f.version for f in files)) if files else None
+
+    def _version_at(self, timestamp: str) -> int:
+        """The version a stream started with ``startingTimestamp=timestamp`` reads from, by
+        Delta's own code (``DeltaSource.getStartingVersion``): the timestamp parsed in the
+        session's time zone, then the first commit at or after it (commit times are the log
+        files' modification times, or in-commit timestamps when the table has them)."""
+        jvm = self.spark.sparkContext._jvm
+        session = self.spark._jsparkSession
+        option = jvm.scala.Option
+        try:
+            # the string literal Delta builds from the option (Literal(startingTimestamp))
+            literal = jvm.org.apache.spark.sql.catalyst.expressions.Literal(
+                jvm.org.apache.spark.unsafe.types.UTF8String.fromString(timestamp),
+                jvm.org.apache.spark.sql.types.DataTypes.StringType,
+            )
+            spec = jvm.org.apache.spark.sql.delta.DeltaTimeTravelSpec(
+                option.apply(literal), option.empty(), option.apply("deltaSource"), True
+            )
+            instant = spec.getTimestamp(session.sessionState().conf())
+            # canExceedLatest: a timestamp after the last commit starts past it (nothing to
+            # read yet) rather than failing, as the stream allows with
+            # spark.databricks.delta.changeDataFeed.timestampOutOfRange.enabled
+            version = (
+                jvm.org.apache.spark.sql.delta.sources.DeltaSource.getStartingVersionFromTimestamp(
+                    session, self._log(), option.empty(), instant, True
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 - Delta's errors arrive through Py4J
+            raise CheckpointEntryGone(
+                f"the Delta stream's startingTimestamp={timestamp!r} cannot be resolved to a "
+                f"version of {self.spec.path} again: {first_line(str(exc), 160)}"
+            ) from exc
+        return int(version)
 
     def _sequence(self, start: DeltaStart, end: DeltaOffset) -> Iterator[IndexedFile]:
         """The files the stream reads from ``start``'s version to ``end``'s, numbered as
