@@ -243,7 +243,12 @@ def test_a_batch_whose_progress_json_cannot_be_kept_is_still_recorded_and_counte
     fine = progress(2)
     registry = CollectorRegistry()
     with caplog.at_level(logging.ERROR, logger="wmwatch.store"), wmwatch.attach(
-        NoQueriesSession(), db=str(db), metrics_port=None, registry=registry, listener="stock"
+        NoQueriesSession(),
+        db=str(db),
+        metrics_port=None,
+        registry=registry,
+        listener="stock",
+        retention_days=None,  # the batches are dated long ago: keep them
     ) as watch:
         assert watch.store is not None
         for snap in (refused, missing, fine):
