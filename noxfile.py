@@ -34,6 +34,14 @@ class Env:
 
 MATRIX = {
     "main": Env(".venv", None, (), ("-m", "not delta")),
+    # the contributor's loop: every test that starts no JVM and no server (not run by CI alone:
+    # main runs these too)
+    "quick": Env(
+        ".venv",
+        None,
+        (),
+        ("-m", "not spark and not slow and not prometheus and not kafka and not delta and not connect"),
+    ),
     "delta": Env(
         ".venv-delta",
         "4.2.0",
@@ -98,6 +106,12 @@ def _run(session: nox.Session, name: str) -> None:
 def main(session: nox.Session) -> None:
     """The newest pyspark: every test but the Delta ones."""
     _run(session, "main")
+
+
+@nox.session(venv_backend="none")
+def quick(session: nox.Session) -> None:
+    """The tests that start no JVM and no server: the loop while changing code."""
+    _run(session, "quick")
 
 
 @nox.session(venv_backend="none")
