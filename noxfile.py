@@ -40,7 +40,7 @@ MATRIX = {
         ".venv",
         None,
         (),
-        ("-m", "not spark and not slow and not prometheus and not kafka and not delta and not connect"),
+        ("-m", "not (spark or slow or prometheus or kafka or delta or connect)"),
     ),
     "delta": Env(
         ".venv-delta",
