@@ -48,6 +48,7 @@ MATRIX = {
         ("delta-spark==4.4.1",),
         (
             "tests/test_audit_delta_spark.py",
+            "tests/test_audit_delta_restart_spark.py",
             # smoke: the audit, the watch and the checkpoint reader under the older pyspark
             "tests/test_audit_spark.py::test_tumbling_window_conservation[bulk]",
             "tests/test_watch_spark.py",

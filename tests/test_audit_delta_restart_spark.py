@@ -23,7 +23,11 @@ import pytest
 
 from tests.test_audit_crash import _status_lines, _wait_for_status
 from tests.test_audit_delta_spark import append
-from tests.test_audit_kafka_restart_spark import _check_every_record_accounted, _progress
+from tests.test_audit_kafka_restart_spark import (
+    _check_every_record_accounted,
+    _progress,
+    spark_dropped_by_batch,
+)
 from tests.test_audit_spark import stream_files
 from wmwatch._audit.checkpoint import CheckpointReader
 
@@ -104,11 +108,7 @@ def test_delta_sigkill_mid_stream_then_restart_each_late_row_once(
     per_batch = Counter(r[0] for r in late)
     assert per_batch == Counter({b: n for b, n in marks.items() if n})
     # Spark's own count of dropped input rows, batch by batch across both runs
-    dropped = {
-        batch: sum(op.get("numRowsDroppedByWatermark", 0) for op in event["stateOperators"])
-        for batch, event in _progress(tmp_path).items()
-    }
-    assert set(committed) <= set(dropped), "a committed batch without its progress"
+    dropped = spark_dropped_by_batch(tmp_path, CheckpointReader(str(tmp_path / "checkpoint")))
     assert sum(dropped.values()) == sum(per_batch.values()) > 0
     for batch, count in dropped.items():
         assert per_batch.get(batch, 0) == count, batch
