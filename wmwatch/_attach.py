@@ -50,7 +50,7 @@ class Watch:
     # -- setup -------------------------------------------------------------------------------
 
     def __init__(self, spark: Any, options: WatchOptions) -> None:
-        """Start a watch on ``spark``; :func:`attach` is the way in (one watch per session)."""
+        """Start a watch on ``spark``; ``wmwatch.attach`` is the way in (one watch per session)."""
         if options.queue_capacity < 1:
             raise ConfigError("queue_capacity must be at least 1")
         if options.db is not None:
@@ -256,7 +256,10 @@ class Watch:
     def audit(self, query: Any, events: Any, **options: Any) -> Any:
         """Divert the rows ``query`` drops behind its watermark into the audit table.
 
-        See :func:`wmwatch._audit.start_audit` for the options.
+        ``events``: the streaming DataFrame the query reads before its stateful operator, as
+        written (a list of them for a query with several inputs). Returns an ``AuditHandle``.
+        The options (``sink``, ``parquet_path``, ``columns``, ``hash_columns``, bounds, ...) are
+        described in docs/audit.md and in ``wmwatch._audit.start_audit``.
         """
         from wmwatch._audit import start_audit
 

@@ -142,7 +142,7 @@ class ProgressSnapshot:
 
 
 def query_label(name: str | None, query_id: str) -> str:
-    """The value of the ``query`` label: the name (cleaned as :func:`clean_name` does) or the id."""
+    """The value of the ``query`` label: the name (cleaned as ``clean_name`` does) or the id."""
     return clean_name(name) or query_id
 
 
@@ -157,7 +157,7 @@ def clean_name(name: str | None) -> str | None:
 def parse_progress(raw: str | bytes | Mapping[str, Any]) -> ProgressSnapshot:
     """Parse one progress document (JSON text or an already decoded mapping).
 
-    Raises :class:`ProgressParseError` when the document is not a JSON object or lacks
+    Raises ``ProgressParseError`` when the document is not a JSON object or lacks
     ``id``, ``runId`` or ``batchId``; every other field is optional.
     """
     if isinstance(raw, Mapping):
