@@ -5,15 +5,20 @@
   ``delta-spark`` 4.4.1 requires ``pyspark<=4.2.0``), running the Delta tests and a few fast
   smoke tests of the rest, so a break of wmwatch under the older pyspark shows too.
 
-``.ci/run`` runs both (``nox -s main delta``); ``nox -s delta`` alone sets up ``.venv-delta`` and
-runs the Delta tests (the jars come from ``.ci/fetch_jars.sh``). The sessions manage their own
-virtualenvs (``venv_backend="none"``) so that ``main`` is the ``.venv`` CI already built.
+``docs`` builds the documentation site (``mkdocs.yml``) with ``--strict``, into a temporary
+folder, so a warning, a broken link or a missing anchor fails.
+
+``.ci/run`` runs ``nox -s docs``, then both test environments (``nox -s main delta``);
+``nox -s delta`` alone sets up ``.venv-delta`` and runs the Delta tests (the jars come from
+``.ci/fetch_jars.sh``). The sessions manage their own virtualenvs (``venv_backend="none"``)
+so that ``main`` is the ``.venv`` CI already built.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,12 +64,20 @@ MATRIX = {
 
 
 def dev_requirements(pyspark: str | None) -> list[str]:
-    """The dev extra from pyproject.toml, with its pyspark pin replaced by ``pyspark``'s."""
+    """The dev extra from pyproject.toml, with its pyspark pin replaced by ``pyspark``'s.
+
+    Another pyspark's environment runs tests only, so it leaves out the docs extra's tools.
+    """
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    reqs = list(project["optional-dependencies"]["dev"])
+    extras = project["optional-dependencies"]
+    reqs = list(extras["dev"])
     if pyspark is None:
         return reqs
-    return [f"pyspark[connect]=={pyspark}" if re.match(r"pyspark\b", r) else r for r in reqs]
+    return [
+        f"pyspark[connect]=={pyspark}" if re.match(r"pyspark\b", r) else r
+        for r in reqs
+        if r not in extras["docs"]
+    ]
 
 
 def _prepare(session: nox.Session, env: Env) -> Path:
@@ -112,6 +125,29 @@ def main(session: nox.Session) -> None:
 def quick(session: nox.Session) -> None:
     """The tests that start no JVM and no server: the loop while changing code."""
     _run(session, "quick")
+
+
+@nox.session(venv_backend="none")
+def docs(session: nox.Session) -> None:
+    """The documentation site, built with --strict: any warning, broken link or anchor fails."""
+    bin_dir = ROOT / ".venv" / "bin"
+    if not (bin_dir / "mkdocs").exists():
+        session.run(sys.executable, "-m", "venv", str(ROOT / ".venv"), external=True)
+        session.run(str(bin_dir / "pip"), "install", "-q", "-e", f"{ROOT}[docs]", external=True)
+    # built into a folder of its own and thrown away: the check is the build, not the site
+    with tempfile.TemporaryDirectory(prefix="wmwatch-site-") as site_dir:
+        session.run(
+            str(bin_dir / "mkdocs"),
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            site_dir,
+            external=True,
+            # Material prints a notice about its successor on every build; it is not a warning
+            env={"NO_MKDOCS_2_WARNING": "1"},
+        )
 
 
 @nox.session(venv_backend="none")
