@@ -4,7 +4,7 @@ Two million rows, all behind the watermark, land in one batch of a windowed coun
 ``local[2]`` with Spark's default driver memory. The audit must move them in bounded chunks:
 the query goes on with its next batches, every late row is counted exactly once, at most
 ``max_rows_per_batch`` of them are kept in DuckDB and every one in the Parquet overflow folder,
-and the driver's Python memory stays within the bound the README documents.
+and the driver's Python memory stays within the bound docs/guarantees.md documents.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 ROWS = 2_000_000
 CAP = 100_000  # the audit's default max_rows_per_batch
-# README, "Guarantees": the driver's Python RSS grows by less than this during a storm
+# docs/guarantees.md, "Survives a late-row storm": the driver's Python RSS grows by less than
+# this during a storm
 RSS_GROWTH_BOUND_BYTES = 512 * 1024 * 1024
 
 SCRIPT = Path(__file__).parent / "scripts" / "late_storm.py"

@@ -2,8 +2,8 @@
 
 The schema is versioned in ``wmwatch_schema``. Migrations are append-only: version N is applied
 once, in a transaction, to a database at version N-1. A database written by a newer wmwatch than
-this one is refused with a clear error instead of being read wrongly. The README documents every
-table; keep both in step.
+this one is refused with a clear error instead of being read wrongly. docs/history.md documents
+every table; keep both in step.
 """
 
 from __future__ import annotations
