@@ -43,6 +43,7 @@ from wmwatch._audit.checkpoint import (
     batches_until_purge,
     min_batches_to_retain,
 )
+from wmwatch._audit.jumps import JumpWatch, TopRow, read_top_rows
 from wmwatch._audit.predicates import OperatorSpec, batch_may_have_late_rows
 from wmwatch._audit.replay import Replayer, ReplayInput
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows, InputCount, LateRow
@@ -134,8 +135,11 @@ class Auditor:
         progress_min_covers_inputs: bool = True,
         resolve: Callable[[], Resolved | None] | None = None,
         count_kept_behind: bool = False,
+        jumps: JumpWatch | None = None,
     ) -> None:
         self.query_id = query_id
+        # who moved the watermark: checked after each audited batch (wmwatch._audit.jumps)
+        self.jumps = jumps
         self.query_name = query_name
         self.label = label
         # the run whose batches this audit follows: its end ends the audit
@@ -252,6 +256,8 @@ class Auditor:
         if self.history is not None:
             self.history.drop_interrupted_replays()
             audited = self.history.audited_batches()
+        if self.jumps is not None:
+            self.jumps.start()
         with self._lock:
             self._done = set(audited)
             # Batches are audited (or found lost) in order, so everything up to the last marked
@@ -374,6 +380,7 @@ class Auditor:
                 "last_lost_reason": c.last_lost_reason,
                 "min_batches_to_retain": c.min_batches_to_retain,
                 "retention_batches_remaining": c.retention_batches_remaining,
+                **(self.jumps.status() if self.jumps is not None else {}),
             }
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -457,6 +464,7 @@ class Auditor:
             try:
                 if not self._audit_batch(batch_id):
                     return False  # waiting for this batch's progress; batches go in order
+                self._check_jump(batch_id)
             except CheckpointEntryGone as exc:
                 self._lose([batch_id], str(exc))
             with self._lock:
@@ -621,6 +629,21 @@ class Auditor:
             self._counters.replay_seconds += took
         self._record(batch_id, run_id, late_wm_ms, found=self._with_unread(found, info))
         return True
+
+    def _check_jump(self, batch_id: int) -> None:
+        """Who moved the watermark, once the batch is audited (never raises)."""
+        if self.jumps is None:
+            return
+        with self._lock:
+            info = self._progress.get(batch_id)
+
+        def read_top(setter: int) -> tuple[tuple[TopRow, ...], int | None]:
+            self._yield_to_other_jobs()
+            return read_top_rows(self.replayer, self.checkpoint, setter)
+
+        self.jumps.after_batch(
+            batch_id, info.run_id if info is not None else None, self.checkpoint, read_top
+        )
 
     def _with_unread(self, found: BatchLateRows, info: _BatchInfo | None) -> BatchLateRows:
         """Add the inputs that cannot be read again: Spark's count of what their operator
