@@ -464,7 +464,6 @@ class Auditor:
             try:
                 if not self._audit_batch(batch_id):
                     return False  # waiting for this batch's progress; batches go in order
-                self._check_jump(batch_id)
             except CheckpointEntryGone as exc:
                 self._lose([batch_id], str(exc))
             with self._lock:
@@ -774,6 +773,8 @@ class Auditor:
                 found=found,
                 sink=self.sink,
             )
+        # before the batch counts as done, so that sync() also waits for what this records
+        self._check_jump(batch_id)
         with self._audited_cond:
             self._done.add(batch_id)
             c = self._counters
