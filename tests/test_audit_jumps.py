@@ -269,3 +269,32 @@ def test_rows_that_cannot_be_read_leave_the_incident_with_the_reason(tmp_path: P
     (incident,) = watch.incidents()
     assert incident.rows == () and incident.rows_error == "OSError: the input file is gone"
     assert incident.ahead_seconds == 2 * 3600
+
+
+def test_the_cost_stops_once_the_clock_passes_the_watermark_the_jump_set(tmp_path: Path) -> None:
+    """Six hours on, rows that late would be late without the jump: they are not its cost."""
+    reads: list[int] = []
+    with HistoryStore(tmp_path / "h.duckdb") as store:
+        watch = run_batches(store, tmp_path / "checkpoint", reads)
+        checkpoint = tmp_path / "checkpoint"
+        write_offsets(checkpoint, 6, POISON_MS - DELAY, POISON_MS + H)
+        store.submit(
+            _batch_writer(
+                query_id="q-1",
+                query_name="clicks",
+                run_id="run-1",
+                batch_id=6,
+                late_wm_ms=POISON_MS - DELAY,
+                found=BatchLateRows(total=1, rows=[late_row(T_MS + 40 * S)]),
+                sink="duckdb",
+            ),
+            description="test batch",
+        )
+        watch.after_batch(6, "run-1", CheckpointReader(str(checkpoint)), lambda b: ((), None))
+        assert store.flush(10)
+        got = store.read(
+            lambda con: con.execute(
+                "SELECT rows_dropped_since, counted_through_batch FROM watermark_jumps"
+            ).fetchall()
+        )
+    assert got == [(3, 5)]

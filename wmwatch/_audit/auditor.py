@@ -637,12 +637,24 @@ class Auditor:
             info = self._progress.get(batch_id)
 
         def read_top(setter: int) -> tuple[tuple[TopRow, ...], int | None]:
+            if self.count_kept_behind:
+                self._wait_for_slot()
             self._yield_to_other_jobs()
             return read_top_rows(self.replayer, self.checkpoint, setter)
 
         self.jumps.after_batch(
             batch_id, info.run_id if info is not None else None, self.checkpoint, read_top
         )
+
+    def _wait_for_slot(self) -> None:
+        """Beside a real-time query, wait (bounded) for a spare task slot, else give up."""
+        deadline = time.monotonic() + self.replayer.job_timeout_seconds
+        while not self._real_time_slot_free():
+            if time.monotonic() > deadline or self._stop.wait(self.poll_interval_seconds):
+                raise AuditError(
+                    "no spare task slot beside the real-time query; give the application one "
+                    "more core"
+                )
 
     def _with_unread(self, found: BatchLateRows, info: _BatchInfo | None) -> BatchLateRows:
         """Add the inputs that cannot be read again: Spark's count of what their operator

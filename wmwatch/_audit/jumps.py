@@ -20,9 +20,11 @@ job per incident, under the audit's deadline, whether or not the batch had late 
 *The cost*: the late rows the audit found in the batches after the incident (up to the next
 one) that the watermark before it would have kept: those whose late-row time (the window end
 for windowed aggregations, else the event time) is after the watermark before the jump and not
-after the one it set. Counted in SQL over ``late_rows`` after each audited batch, so it is
-what the history holds (rows over ``max_rows_per_batch`` are not in it; with ``sink="parquet"``
-the cost stays unknown).
+after the one it set. Recounted in SQL over ``late_rows`` for the latest incident after each
+audited batch, until the batches' time passes the watermark it set (the clock has caught up
+with the row: later drops would happen without the jump too), so it is what the history holds
+(rows over ``max_rows_per_batch`` are not in it; with ``sink="parquet"`` the cost stays
+unknown).
 """
 
 from __future__ import annotations
@@ -308,8 +310,10 @@ class JumpWatch:
             for incident in {i.batch_id: i for i in changed}.values():
                 self.history.record(incident)
             with self._lock:
-                known = bool(self._incidents) and min(self._incidents) < batch_id
-            if known:
+                before = [b for b in self._incidents if b < batch_id]
+                latest = self._incidents[max(before)] if before else None
+            batch_at_ms = entry.timestamp_ms if entry is not None else None
+            if latest is not None and still_costing(latest, batch_at_ms):
                 self.history.update_cost(batch_id)
 
     def _update(
@@ -376,6 +380,14 @@ class JumpWatch:
             while len(self._incidents) > _KEEP_INCIDENTS:
                 del self._incidents[min(self._incidents)]
         return incident
+
+
+def still_costing(incident: Incident, batch_at_ms: int | None) -> bool:
+    """Whether a batch at ``batch_at_ms`` can still lose rows to the incident: until the clock
+    passes the watermark it set. After that, rows that late would be late without the jump
+    too, and the count (a recount over the incident's batches) stops growing with the history."""
+    after = incident.watermark_after_ms
+    return after is None or batch_at_ms is None or batch_at_ms <= after
 
 
 def describe(incident: Incident) -> str:
@@ -464,7 +476,9 @@ UPDATE watermark_jumps AS j SET
           AND (j.watermark_after_at IS NULL
                OR coalesce(l.window_end_at, l.event_time_at) <= j.watermark_after_at)),
     counted_through_batch = $2
-WHERE j.query_id = $1 AND j.batch_id < $2
+WHERE j.query_id = $1
+  AND j.batch_id = (SELECT max(batch_id) FROM watermark_jumps
+                    WHERE query_id = $1 AND batch_id < $2)
   AND j.watermark_before_at IS NOT NULL
   AND NOT EXISTS (
       SELECT 1 FROM audit_batches a
