@@ -196,12 +196,10 @@ class JumpWatch:
         thresholds: Thresholds,
         history: JumpHistory | None,
         label: str,
-        top_rows: int = TOP_ROWS,
     ) -> None:
         self.thresholds = thresholds
         self.history = history
         self.label = label
-        self.top_rows = top_rows
         self._lock = threading.Lock()
         self._times: dict[int, BatchTimes] = {}
         self._incidents: dict[int, Incident] = {}
@@ -391,7 +389,8 @@ def still_costing(incident: Incident, batch_at_ms: int | None) -> bool:
 
 
 def describe(incident: Incident) -> str:
-    """One line for the log: the top row and how far it ran ahead."""
+    """One line for the log: how far the rows ran ahead and where they came from (never their
+    data: row payloads belong in the history, where columns= and hash_columns= apply)."""
     parts = []
     if incident.ahead_seconds is not None:
         parts.append(f"event time {incident.ahead_seconds:,.0f}s ahead of the batch's time")
