@@ -63,6 +63,34 @@ CASES = [
         ],
     ),
     Case(
+        name="event time ahead of the clock",
+        alert="WmwatchEventTimeAhead",
+        series={
+            # a row dated 6 hours ahead arrives in the fourth minute
+            "wmwatch_event_time_ahead_seconds" + _q("poisoned"): "-30 -30 -30 21600x10",
+            "wmwatch_query_up" + _q("poisoned"): "1x13",
+            # ordinary rows a little behind the clock, and a little ahead (clock skew)
+            "wmwatch_event_time_ahead_seconds" + _q("ontime"): "-30x13",
+            "wmwatch_query_up" + _q("ontime"): "1x13",
+            "wmwatch_event_time_ahead_seconds" + _q("skewed"): "120x13",
+            "wmwatch_query_up" + _q("skewed"): "1x13",
+            # a stopped query keeps its last value for a while: no alert for it
+            "wmwatch_event_time_ahead_seconds" + _q("stopped"): "21600x13",
+            "wmwatch_query_up" + _q("stopped"): "0x13",
+        },
+        quiet_at=["2m"],
+        fires_at="5m",
+        firing=[
+            Firing(
+                {**TARGET, "query": "poisoned", "severity": "critical"},
+                "Watermark of poisoned stands on an event time 6h 0m 0s ahead of the clock",
+                "Query poisoned read a row dated more than 600s after its batch's time. Spark's "
+                "watermark is the largest event time minus the delay, so it moved ahead with "
+                "that row, and the ordinary rows after it are dropped as late.",
+            )
+        ],
+    ),
+    Case(
         name="watermark stalled while input flows",
         alert="WmwatchWatermarkStalled",
         series={

@@ -45,6 +45,9 @@ class Profile:
     retention_for: str = "5m"
     lost_window: str = "1h"
     endpoint_down_for: str = "5m"
+    # the audit's default watermark_ahead_seconds: rows dated this far ahead move the watermark
+    ahead_threshold_seconds: int = 600
+    ahead_for: str = "0m"
 
 
 PRODUCTION = Profile(name="production")
@@ -80,6 +83,8 @@ TEST = Profile(
     retention_for="5s",
     lost_window="10m",
     endpoint_down_for="5s",
+    ahead_threshold_seconds=600,
+    ahead_for="0s",
 )
 
 
@@ -179,6 +184,33 @@ def rules(p: Profile) -> list[Rule]:
                 "compare input vs processing rate and batch phases). If event time max is recent "
                 "but the watermark is not, the watermark delay is too large or one source holds "
                 "the watermark back (per-source watermarks). Replays of old data lag by design."
+            ),
+        ),
+        Rule(
+            alert="WmwatchEventTimeAhead",
+            expr=f"wmwatch_event_time_ahead_seconds > {p.ahead_threshold_seconds} {up_query}",
+            signal="wmwatch_event_time_ahead_seconds",
+            for_=p.ahead_for,
+            severity="critical",
+            summary=(
+                "Watermark of {{ $labels.query }} stands on an event time "
+                "{{ $value | humanizeDuration }} ahead of the clock"
+            ),
+            description=(
+                "Query {{ $labels.query }} read a row dated more than "
+                f"{p.ahead_threshold_seconds}s after its batch's time. Spark's watermark is the "
+                "largest event time minus the delay, so it moved ahead with that row, and the "
+                "ordinary rows after it are dropped as late."
+            ),
+            runbook=(
+                "Run `wmwatch report --query <query>`: its 'who moved the watermark' section "
+                "names the batch, the input and the rows (for Kafka their partition and offset) "
+                "dated ahead, and how many rows the jump dropped since (the audit must run on "
+                "the query). Fix the producer (a wrong clock, seconds taken for milliseconds). "
+                "The watermark never moves back: to stop the drops, restart the query from a "
+                "checkpoint taken before that batch or a new one, filtering rows dated ahead of "
+                "current_timestamp() in events; then replay the dropped rows (late_rows, or the "
+                "input of the batches since) into a backfill."
             ),
         ),
         Rule(

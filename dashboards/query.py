@@ -43,9 +43,14 @@ def lateness() -> PanelBuilder:
                 f"wmwatch_event_time_delay_seconds{{{QUERY}}}", "allowed delay (max - watermark)"
             ),
             Target(f"wmwatch_event_time_spread_seconds{{{QUERY}}}", "spread in batch (max - min)"),
+            Target(
+                f"wmwatch_event_time_ahead_seconds{{{QUERY}}}",
+                "ahead of the clock (largest seen - batch time)",
+            ),
         ],
         description="A batch spread wider than the allowed delay means rows arrive later than "
-        "the watermark waits for.",
+        "the watermark waits for. Above 0, 'ahead of the clock' means the watermark stands on "
+        "rows dated in the future (see WmwatchEventTimeAhead).",
     )
 
 

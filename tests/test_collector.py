@@ -168,3 +168,28 @@ def test_a_plugin_label_that_is_not_valid_utf8_does_not_break_the_scrape() -> No
     )
     text = generate_latest(registry).decode("utf-8")
     assert 'wmwatch_test_odd{what="odd' in text
+
+
+def test_event_time_ahead_stays_on_the_largest_event_time_seen() -> None:
+    """One row 6 h ahead: the gauge reads 6 h minus the time since, through the ordinary
+    batches after it and a restart (the watermark stays moved as long), not the last batch's."""
+
+    def at(batch: int, run: str, batch_at: str, max_at: str | None) -> Any:
+        times = {"watermark": "2026-01-01T00:00:00.000Z", **({"max": max_at} if max_at else {})}
+        doc: dict[str, Any] = {
+            "id": "q1", "runId": run, "name": "orders", "batchId": batch, "timestamp": batch_at,
+            "numInputRows": 1 if max_at else 0, "eventTime": times,
+        }  # fmt: skip
+        return parse_progress(doc)
+
+    book, registry = make(Clock())
+    label = {"query": "orders"}
+    book.on_progress(at(0, "r1", "2026-01-01T00:01:00.000Z", "2026-01-01T00:00:30.000Z"))
+    assert registry.get_sample_value("wmwatch_event_time_ahead_seconds", label) == -30
+    book.on_progress(at(1, "r1", "2026-01-01T00:02:00.000Z", "2026-01-01T06:02:00.000Z"))
+    assert registry.get_sample_value("wmwatch_event_time_ahead_seconds", label) == 6 * 3600
+    book.on_progress(at(2, "r1", "2026-01-01T00:03:00.000Z", "2026-01-01T00:02:50.000Z"))
+    book.on_progress(at(3, "r1", "2026-01-01T00:04:00.000Z", None))  # no-data batch
+    book.on_started(parse_started({"id": "q1", "runId": "r2", "name": "orders"}))
+    book.on_progress(at(4, "r2", "2026-01-01T00:05:00.000Z", "2026-01-01T00:04:50.000Z"))
+    assert registry.get_sample_value("wmwatch_event_time_ahead_seconds", label) == 6 * 3600 - 180

@@ -47,6 +47,8 @@ BRIEF_METRICS = {
     "wmwatch_audit_batches_over_cap_total", "wmwatch_late_rows_over_cap_total",
     # an audit falling behind the checkpoint's retention
     "wmwatch_audit_retention_batches_remaining", "wmwatch_audit_batches_lost_total",
+    # a row dated ahead of the clock moved the watermark
+    "wmwatch_event_time_ahead_seconds",
 }  # fmt: skip
 
 

@@ -43,6 +43,7 @@ from wmwatch._audit.checkpoint import (
     batches_until_purge,
     min_batches_to_retain,
 )
+from wmwatch._audit.jumps import JumpWatch, TopRow, read_top_rows
 from wmwatch._audit.predicates import OperatorSpec, batch_may_have_late_rows
 from wmwatch._audit.replay import Replayer, ReplayInput
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows, InputCount, LateRow
@@ -134,8 +135,11 @@ class Auditor:
         progress_min_covers_inputs: bool = True,
         resolve: Callable[[], Resolved | None] | None = None,
         count_kept_behind: bool = False,
+        jumps: JumpWatch | None = None,
     ) -> None:
         self.query_id = query_id
+        # who moved the watermark: checked after each audited batch (wmwatch._audit.jumps)
+        self.jumps = jumps
         self.query_name = query_name
         self.label = label
         # the run whose batches this audit follows: its end ends the audit
@@ -252,6 +256,8 @@ class Auditor:
         if self.history is not None:
             self.history.drop_interrupted_replays()
             audited = self.history.audited_batches()
+        if self.jumps is not None:
+            self.jumps.start()
         with self._lock:
             self._done = set(audited)
             # Batches are audited (or found lost) in order, so everything up to the last marked
@@ -374,6 +380,7 @@ class Auditor:
                 "last_lost_reason": c.last_lost_reason,
                 "min_batches_to_retain": c.min_batches_to_retain,
                 "retention_batches_remaining": c.retention_batches_remaining,
+                **(self.jumps.status() if self.jumps is not None else {}),
             }
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -622,6 +629,33 @@ class Auditor:
         self._record(batch_id, run_id, late_wm_ms, found=self._with_unread(found, info))
         return True
 
+    def _check_jump(self, batch_id: int) -> None:
+        """Who moved the watermark, once the batch is audited (never raises)."""
+        if self.jumps is None:
+            return
+        with self._lock:
+            info = self._progress.get(batch_id)
+
+        def read_top(setter: int) -> tuple[tuple[TopRow, ...], int | None]:
+            if self.count_kept_behind:
+                self._wait_for_slot()
+            self._yield_to_other_jobs()
+            return read_top_rows(self.replayer, self.checkpoint, setter)
+
+        self.jumps.after_batch(
+            batch_id, info.run_id if info is not None else None, self.checkpoint, read_top
+        )
+
+    def _wait_for_slot(self) -> None:
+        """Beside a real-time query, wait (bounded) for a spare task slot, else give up."""
+        deadline = time.monotonic() + self.replayer.job_timeout_seconds
+        while not self._real_time_slot_free():
+            if time.monotonic() > deadline or self._stop.wait(self.poll_interval_seconds):
+                raise AuditError(
+                    "no spare task slot beside the real-time query; give the application one "
+                    "more core"
+                )
+
     def _with_unread(self, found: BatchLateRows, info: _BatchInfo | None) -> BatchLateRows:
         """Add the inputs that cannot be read again: Spark's count of what their operator
         dropped in the batch, when that operator reads no other input (Spark counts all its
@@ -751,6 +785,8 @@ class Auditor:
                 found=found,
                 sink=self.sink,
             )
+        # before the batch counts as done, so that sync() also waits for what this records
+        self._check_jump(batch_id)
         with self._audited_cond:
             self._done.add(batch_id)
             c = self._counters

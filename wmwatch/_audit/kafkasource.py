@@ -35,7 +35,7 @@ from wmwatch._audit.checkpoint import (
     logged_offsets,
     parse_offset_json,
 )
-from wmwatch._audit.source import SOURCE_FILE_COL
+from wmwatch._audit.source import SOURCE_FILE_COL, SOURCE_POSITION_COL
 from wmwatch._core.sessions import is_connect
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError
@@ -279,7 +279,9 @@ class KafkaBatchSource:
         fail_on_loss = self.spec.options.get("failOnDataLoss", "true")
         # as the query: records deleted during the read fail it (then retried and found gone)
         frame = self._reader(spark, ranges, fail_on_loss).load()
-        return frame.withColumn(SOURCE_FILE_COL, F.lit(None).cast("string"))
+        return frame.withColumn(SOURCE_FILE_COL, F.lit(None).cast("string")).withColumn(
+            SOURCE_POSITION_COL, F.to_json(F.struct("topic", "partition", "offset"))
+        )
 
     def _reader(
         self, spark: Any, ranges: Mapping[str, Mapping[int, tuple[int, int]]], fail_on_loss: str

@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from wmwatch._audit.auditor import Auditor
+from wmwatch._audit.jumps import BatchTimes
 from wmwatch._core.plugins import WatchContext, WatchPlugin
 from wmwatch._events import QueryTerminated
 from wmwatch._progress import ProgressSnapshot
@@ -99,6 +100,8 @@ class AuditPlugin(WatchPlugin):
                 if all(op.ran for op in snapshot.operators)
                 else None,
             )
+            if auditor.jumps is not None and snapshot.input_rows:
+                auditor.jumps.note(snapshot.batch_id, batch_times(snapshot))
 
     def on_query_terminated(self, event: QueryTerminated) -> None:
         with self._lock:
@@ -195,6 +198,15 @@ class AuditPlugin(WatchPlugin):
     def close(self) -> None:
         for auditor in self.running():
             auditor.stop(10.0)
+
+
+def batch_times(snapshot: ProgressSnapshot) -> BatchTimes:
+    """What the watermark check needs of a batch's progress."""
+    return BatchTimes(
+        batch_at_ms=to_epoch_ms(snapshot.timestamp_at),
+        event_time_max_ms=to_epoch_ms(snapshot.event_time_max_at),
+        descriptions=tuple(source.description for source in snapshot.sources),
+    )
 
 
 _PLUGIN_LOCK = threading.Lock()

@@ -28,7 +28,7 @@ from wmwatch._audit.sinks import (
     LateRow,
     local_path,
 )
-from wmwatch._audit.source import SOURCE_FILE_COL, BatchSource
+from wmwatch._audit.source import ATTACHED_COLUMNS, SOURCE_FILE_COL, BatchSource
 from wmwatch._core.sessions import is_connect
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError, ConfigError
@@ -210,14 +210,17 @@ class Replayer:
         # beside a real-time query a replay takes one task slot at a time (see the auditor)
         return raw.coalesce(1) if self.one_task else raw
 
-    def late_rows_frame(self, item: ReplayInput, raw: Any, late_wm_ms: int) -> Any:
-        """A DataFrame of the late rows of one input's raw rows, in :data:`LATE_ROW_COLUMNS`."""
+    def late_rows_frame(
+        self, item: ReplayInput, raw: Any, late_wm_ms: int, *, keep: Sequence[str] = ()
+    ) -> Any:
+        """A DataFrame of the late rows of one input's raw rows, in :data:`LATE_ROW_COLUMNS`
+        (then the attached columns named in ``keep``, null where the rows lost them)."""
         from pyspark.sql import functions as F
         from pyspark.sql.types import StructType
 
         frame = item.prepare(raw) if item.prepare is not None else raw
         has_source = SOURCE_FILE_COL in frame.columns
-        own_columns = [c for c in frame.columns if c != SOURCE_FILE_COL]
+        own_columns = [c for c in frame.columns if c not in ATTACHED_COLUMNS]
         spec = item.spec
         ts_name = spec.event_time_column
         if ts_name not in frame.columns:
@@ -307,6 +310,10 @@ class Replayer:
             F.lit(spec.side).cast("string").alias("join_side"),
             F.lit(item.source.source_index).cast("int").alias("source_index"),
             join_key.alias("join_key"),
+            *[
+                (F.col(c) if c in frame.columns else F.lit(None).cast("string")).alias(c)
+                for c in keep
+            ],
         )
 
     def protected(self, name: str) -> Any:

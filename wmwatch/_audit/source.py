@@ -43,6 +43,11 @@ _GLOB_CHARACTERS = re.compile(r"[\\*?\[\]{},]")
 
 # The column that carries each replayed row's file (null for sources without files).
 SOURCE_FILE_COL = "__wmwatch_source_file"
+# The column that carries each replayed row's position in its source, as JSON (Kafka: topic,
+# partition, offset; absent for other sources): what names the rows that moved the watermark.
+SOURCE_POSITION_COL = "__wmwatch_source_position"
+# Columns the audit attaches to the raw rows: carried through ``events``, never row data.
+ATTACHED_COLUMNS = frozenset({SOURCE_FILE_COL, SOURCE_POSITION_COL})
 
 
 class BatchSource(Protocol):

@@ -15,6 +15,13 @@ from wmwatch._audit.auditor import Auditor, Resolved
 from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root
 from wmwatch._audit.deltasource import DeltaBatchSource, delta_source_of, is_delta_source
 from wmwatch._audit.events_replay import as_written
+from wmwatch._audit.jumps import (
+    DEFAULT_AHEAD_SECONDS,
+    DEFAULT_JUMP_SECONDS,
+    JumpHistory,
+    JumpWatch,
+    Thresholds,
+)
 from wmwatch._audit.jvmsource import JvmStreamBatchSource, stream_of
 from wmwatch._audit.kafkasource import (
     KafkaBatchSource,
@@ -340,6 +347,8 @@ def start_audit(
     max_rows_per_batch: int = DEFAULT_MAX_ROWS_PER_BATCH,
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
     job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
+    watermark_ahead_seconds: float = DEFAULT_AHEAD_SECONDS,
+    watermark_jump_seconds: float = DEFAULT_JUMP_SECONDS,
 ) -> AuditHandle:
     """Start auditing the rows ``query`` drops behind its watermark; returns an
     :class:`AuditHandle`.
@@ -370,6 +379,12 @@ def start_audit(
     are counted, and written to Parquet when ``parquet_path`` is given with the DuckDB sink);
     ``row_data`` longer than ``max_row_bytes`` is kept as its size and SHA-256; every Spark job
     of the audit is cancelled after ``job_timeout_seconds`` (and retried later).
+
+    Who moved the watermark (docs/forensics-watermark.md): a batch whose largest event time is
+    more than ``watermark_ahead_seconds`` (10 min) after the batch's own time, or whose
+    watermark is more than ``watermark_jump_seconds`` (1 h) above the batch before's, is
+    recorded in ``watermark_jumps`` with the rows that moved the watermark (the top rows by
+    event time, same ``columns``/``hash_columns`` rules) and the late rows the jump cost.
     """
     if sink not in SINKS:
         raise ConfigError(f"sink={sink!r} is not one of {', '.join(SINKS)}.")
@@ -412,6 +427,9 @@ def start_audit(
     if unknown:
         raise ConfigError(f"hash_columns {unknown} are not in columns=; add them or drop them.")
     key = resolve_hash_key(hash_key, os.environ.get(HASH_KEY_VARIABLE))
+    thresholds = Thresholds(
+        ahead_seconds=watermark_ahead_seconds, jump_seconds=watermark_jump_seconds
+    )
 
     def resolved(query_plan: Any, plan_text: str, reader: CheckpointReader) -> Resolved:
         plan = apply_overrides(
@@ -479,6 +497,13 @@ def start_audit(
         progress_min_covers_inputs=now.progress_min_covers_inputs if now is not None else True,
         resolve=resolve,
         count_kept_behind=real_time,
+        jumps=JumpWatch(
+            thresholds=thresholds,
+            history=JumpHistory(store, query_id=query_id, query_name=query_name, label=label)
+            if store is not None
+            else None,
+            label=label,
+        ),
     )
     audit_plugin(watch).add(auditor)
     auditor.start()

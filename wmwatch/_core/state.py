@@ -29,6 +29,9 @@ class QueryState:
     latest: ProgressSnapshot | None = None
     # the last batch that carried event-time stats (no-data batches only carry the watermark)
     latest_with_data: ProgressSnapshot | None = None
+    # the largest event time any batch reported: what Spark builds the watermark on (it keeps
+    # it across restarts in the checkpoint, so this is kept across runs too)
+    event_time_max_seen_at: datetime | None = None
     started_at: datetime | None = None
     exception: str | None = None
     error_class: str | None = None
@@ -51,6 +54,15 @@ class QueryState:
     @property
     def label(self) -> str:
         return query_label(self.name, self.query_id)
+
+    @property
+    def event_time_ahead_seconds(self) -> float | None:
+        """The largest event time seen minus the latest batch's time: above zero, the watermark
+        stands on rows dated in the future (a producer's clock, a unit mistake)."""
+        latest = self.latest
+        if self.event_time_max_seen_at is None or latest is None or latest.timestamp_at is None:
+            return None
+        return (self.event_time_max_seen_at - latest.timestamp_at).total_seconds()
 
     def copy(self) -> QueryState:
         return replace(
@@ -118,6 +130,11 @@ class QueryBook:
                 state.latest = snapshot
                 if snapshot.event_time_max_at is not None:
                     state.latest_with_data = snapshot
+            if snapshot.event_time_max_at is not None and (
+                state.event_time_max_seen_at is None
+                or snapshot.event_time_max_at > state.event_time_max_seen_at
+            ):
+                state.event_time_max_seen_at = snapshot.event_time_max_at
             state.last_progress_wall_seconds = self._wall()
             if not is_retry:
                 state.batches_total += 1

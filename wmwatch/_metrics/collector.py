@@ -130,6 +130,11 @@ class WatchCollector(Collector):
         )
         lag = _gauge("wmwatch_watermark_lag_seconds", "Batch time minus watermark.")
         delay = _gauge("wmwatch_event_time_delay_seconds", "Max event time minus watermark.")
+        ahead = _gauge(
+            "wmwatch_event_time_ahead_seconds",
+            "Largest event time seen minus the last batch's time: above 0, the watermark stands "
+            "on rows dated ahead of the clock.",
+        )
         spread = _gauge(
             "wmwatch_event_time_spread_seconds", "Max minus min event time in the last batch."
         )
@@ -216,6 +221,7 @@ class WatchCollector(Collector):
                 (ev_avg, to_epoch_seconds(data.event_time_avg_at) if data else None),
                 (lag, snap.watermark_lag_seconds),
                 (delay, delay_seconds),
+                (ahead, state.event_time_ahead_seconds),
                 (spread, data.event_time_spread_seconds if data else None),
                 (batch_rows, snap.input_rows),
                 (in_rate, snap.input_rows_per_second),
@@ -241,7 +247,8 @@ class WatchCollector(Collector):
                     state.source_rows_total.get(source.index, 0),
                 )
         yield from (
-            info, up, failed, watermark, ev_max, ev_min, ev_avg, lag, delay, spread, input_total,
+            info, up, failed, watermark, ev_max, ev_min, ev_avg, lag, delay, ahead, spread,
+            input_total,
             batch_rows, in_rate, proc_rate, duration, phases, batches, missed, batch_id,
             last_progress, last_event, dropped, state_rows, state_updated, state_removed,
             state_mem, src_rows,

@@ -108,6 +108,7 @@ def render_html(report: Report, histories: Mapping[str, QueryHistory]) -> str:
                     '<p class="note">No late-row audit recorded for this query: '
                     "<code>watch.audit(query, events)</code> records which rows were dropped.</p>"
                 )
+        parts.append(_watermark_jumps(summary.sections.get("watermark_jumps")))
         parts.append(_late_tables(summary.sections.get("late_rows")))
         parts.append(_holding_back(summary.sections.get("watermarks")))
         parts.append("</section>")
@@ -188,6 +189,37 @@ def _findings(findings: Sequence[Mapping[str, Any]]) -> str:
         rows,
         table_id="findings",
     )
+
+
+def _watermark_jumps(jumps: Mapping[str, Any] | None) -> str:
+    """Who moved the watermark: one sentence per incident, then the rows that did it."""
+    incidents = (jumps or {}).get("incidents") or []
+    if not incidents:
+        return ""
+    parts = [f'<p class="critical">{_e(i["summary"])}.</p>' for i in incidents]
+    rows = [
+        [
+            _num(i["batch_id"]),
+            _num(r["rank"]),
+            _e(format_at(r.get("event_time_at"))),
+            _e(r.get("source_index")),
+            _e(r.get("kafka_partition")),
+            _e(r.get("kafka_offset")),
+            f"<code>{_e(r.get('row_data'))}</code>",
+        ]
+        for i in incidents
+        for r in i.get("rows") or []
+    ]
+    if rows:
+        parts.append(
+            _table(
+                "Who moved the watermark",
+                ("batch", "rank", "event time (UTC)", "input", "partition", "offset", "row"),
+                rows,
+                table_id="watermark-jumps",
+            )
+        )
+    return "\n".join(parts)
 
 
 def _late_tables(late: Mapping[str, Any] | None) -> str:

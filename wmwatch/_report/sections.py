@@ -7,8 +7,14 @@ it here.
 
 from __future__ import annotations
 
+from wmwatch._audit.jumps_report import WATERMARK_JUMPS_SECTION
 from wmwatch._audit.report import LATE_ROWS_SECTION
 from wmwatch._inspect.report import FINDINGS_SECTION, WATERMARKS_SECTION
 from wmwatch._section import Section
 
-SECTIONS: tuple[Section, ...] = (LATE_ROWS_SECTION, FINDINGS_SECTION, WATERMARKS_SECTION)
+SECTIONS: tuple[Section, ...] = (
+    WATERMARK_JUMPS_SECTION,
+    LATE_ROWS_SECTION,
+    FINDINGS_SECTION,
+    WATERMARKS_SECTION,
+)

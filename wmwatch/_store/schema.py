@@ -268,6 +268,54 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE audit_batches ADD COLUMN IF NOT EXISTS rows_kept_behind_watermark BIGINT",
         ),
     ),
+    Migration(
+        6,
+        "watermark_jumps and watermark_jump_rows: who moved the watermark, and what it cost",
+        (
+            # a batch whose event time ran ahead of its own time, or that moved the watermark
+            # far ahead (found by the audit, see wmwatch._audit.jumps)
+            """
+            CREATE TABLE IF NOT EXISTS watermark_jumps (
+                query_id            VARCHAR NOT NULL,
+                batch_id            BIGINT NOT NULL,    -- the batch that read the rows
+                run_id              VARCHAR,
+                query_name          VARCHAR,
+                batch_at            TIMESTAMPTZ,        -- its progress "timestamp"
+                event_time_max_at   TIMESTAMPTZ,
+                ahead_seconds       DOUBLE,             -- event_time_max_at - batch_at
+                watermark_before_at TIMESTAMPTZ,        -- offsets/batch_id: judged batch_id + 1
+                watermark_after_at  TIMESTAMPTZ,        -- offsets/batch_id + 1: the one it set
+                jump_seconds        DOUBLE,             -- after - before, when flagged a jump
+                jump_batch_id       BIGINT,             -- the batch whose watermark jumped
+                reasons             VARCHAR,            -- ahead | jump | ahead,jump
+                source_index        INTEGER,            -- the input of the top row
+                source_description  VARCHAR,
+                rows_error          VARCHAR,            -- why the rows could not be read
+                -- late rows of the batches since (to the next jump) that the watermark
+                -- before would have kept and the one it set dropped
+                rows_dropped_since  BIGINT,
+                counted_through_batch BIGINT,
+                recorded_at         TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (query_id, batch_id)
+            )
+            """,
+            """
+            CREATE TABLE IF NOT EXISTS watermark_jump_rows (
+                query_id        VARCHAR NOT NULL,
+                batch_id        BIGINT NOT NULL,
+                row_rank        INTEGER NOT NULL,       -- 1: the largest event time
+                event_time_at   TIMESTAMPTZ,
+                source_index    INTEGER,
+                source_file     VARCHAR,
+                kafka_topic     VARCHAR,
+                kafka_partition INTEGER,
+                kafka_offset    BIGINT,
+                row_data        JSON,                   -- columns= / hash_columns= applied
+                PRIMARY KEY (query_id, batch_id, row_rank)
+            )
+            """,
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version
@@ -418,6 +466,9 @@ def apply_retention(con: duckdb.DuckDBPyConnection, *, cutoff_epoch_seconds: flo
         "DELETE FROM operator_watermarks WHERE recorded_at < ?",
         "DELETE FROM source_watermarks WHERE recorded_at < ?",
         "DELETE FROM findings WHERE status = 'resolved' AND last_seen_at < ?",
+        """DELETE FROM watermark_jump_rows r USING watermark_jumps j
+           WHERE r.query_id = j.query_id AND r.batch_id = j.batch_id AND j.recorded_at < ?""",
+        "DELETE FROM watermark_jumps WHERE recorded_at < ?",
     )
     deleted = 0
     for statement in statements:
