@@ -344,10 +344,17 @@ def test_a_late_row_storm_while_history_is_unavailable_is_bounded_in_bytes(
         written_before = store.health.written_total
         history = AuditHistory(store, query_id="q-storm", label="storm")
 
-        # the history file becomes unavailable: replaced by a folder
-        db.unlink()
-        Path(f"{db}.wal").unlink(missing_ok=True)
-        db.mkdir()
+        # the history file becomes unavailable: replaced by a folder (the writer may reopen,
+        # and so recreate, the file between the unlink and the mkdir: then again)
+        for _ in range(50):
+            db.unlink(missing_ok=True)
+            Path(f"{db}.wal").unlink(missing_ok=True)
+            try:
+                db.mkdir()
+                break
+            except FileExistsError:
+                time.sleep(0.01)
+        assert db.is_dir(), "the history file kept coming back"
         history.drop_interrupted_replays()  # a first write finds it so
         _wait_for(lambda: not store.health.up, 30, "the store to go down")
 
