@@ -19,6 +19,7 @@ from wmwatch._inspect.checkpoint_history import (
     parse_commit,
     parse_operator_metadata,
     parse_query_id,
+    state_format_version,
 )
 from wmwatch.cli import app
 
@@ -125,10 +126,20 @@ def test_operator_metadata() -> None:
     assert not op.is_join and op.countable
     join = parse_operator_metadata(JOIN_METADATA, "state/1/_metadata/metadata")
     assert join.is_join and join.partitions == 4 and len(join.store_names) == 4
-    with pytest.raises(CheckpointHistoryError, match="format 'v2'.*upgrade wmwatch"):
+    with pytest.raises(CheckpointHistoryError, match=r"format 'v2'.*upgrade wmwatch"):
         parse_operator_metadata('v2\n{"operatorInfo":{}}', "m")
     with pytest.raises(CheckpointHistoryError, match="m is damaged"):
         parse_operator_metadata('v1\n{"operatorInfo":{}}', "m")
+
+
+def test_state_format_version_from_the_commit_log() -> None:
+    # format 2 names each store's state ids per batch (RocksDB); the reader must be told
+    ids = {"0": [["2f71984b-607c-444c-b1f8-19692e7d47fc"], ["53591614-c821-419a"]]}
+    v2 = "v2\n" + json.dumps({"nextBatchWatermarkMs": 0, "stateUniqueIds": ids})
+    assert state_format_version(v2) == 2
+    assert state_format_version('v1\n{"nextBatchWatermarkMs":0}') == 1
+    assert state_format_version("v2\n{broken") == 1
+    assert state_format_version(None) == 1
 
 
 def test_commit_and_query_id() -> None:
@@ -211,8 +222,8 @@ def test_retention_reaches_back_as_far_as_the_files(tmp_path: Path) -> None:
     assert rows(db, "SELECT start_offset FROM sources WHERE batch_id = 3") == [(None,)]
     # its operator is there; its state was not counted
     assert rows(
-        db, "SELECT DISTINCT operator_id, operator_name, rows_total, shuffle_partitions "
-        "FROM operators"
+        db,
+        "SELECT DISTINCT operator_id, operator_name, rows_total, shuffle_partitions FROM operators",
     ) == [(0, "stateStoreSave", None, 2)]
 
 

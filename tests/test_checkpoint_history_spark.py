@@ -86,9 +86,7 @@ def test_history_from_checkpoint_agrees_with_the_listener(spark: Any, stream_dir
     before = sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*"))
 
     runner = CliRunner()
-    result = runner.invoke(
-        app, ["checkpoint-history", str(checkpoint), "--db", str(checkpoint_db)]
-    )
+    result = runner.invoke(app, ["checkpoint-history", str(checkpoint), "--db", str(checkpoint_db)])
     assert result.exit_code == 0, result.output
     assert f"({query_id})" in result.output
 
@@ -178,3 +176,82 @@ def test_history_from_checkpoint_agrees_with_the_listener(spark: Any, stream_dir
     after = table(listener_db, snapshot_sql)
     assert [row for row in after if row[2] != "checkpoint"] == recorded
     assert {row[1] for row in after if row[2] == "checkpoint"} == set(rebuilt) - set(listener)
+
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def test_join_and_dedupe_state_on_rocksdb_with_state_format_2(spark: Any, stream_dir: Path) -> None:
+    """The production settings: RocksDB, state checkpoint format 2 (per-batch state ids in the
+    commit log), a stream-stream join (four stores, counted as both sides' rows) under a
+    deduplication: every operator's state rows per batch equal the listener's."""
+    from pyspark.sql import functions as F
+
+    settings = {
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+        "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
+    }
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    listener_db = stream_dir / "listener.duckdb"
+    try:
+        for side in ("l", "r"):
+            (stream_dir / side).mkdir()
+        left = (
+            spark.readStream.schema("k int, lts timestamp")
+            .json(str(stream_dir / "l"))
+            .withWatermark("lts", "10 seconds")
+        )
+        right = (
+            spark.readStream.schema("rk int, rts timestamp")
+            .json(str(stream_dir / "r"))
+            .withWatermark("rts", "10 seconds")
+        )
+        joined = left.join(
+            right,
+            F.expr("k = rk AND rts BETWEEN lts - interval 5 seconds AND lts + interval 5 seconds"),
+        )
+        deduped = joined.select("k", "lts").dropDuplicates(["k", "lts"])
+        with wmwatch.attach(spark, db=str(listener_db), metrics_port=None) as watch:
+            query = (
+                deduped.writeStream.format("memory")
+                .queryName("ckhist_join")
+                .outputMode("append")
+                .option("checkpointLocation", str(stream_dir / "checkpoint"))
+                .start()
+            )
+            try:
+                for i in range(6):
+                    write_events(
+                        stream_dir / "l",
+                        [{"k": i, "lts": ts(7 * i)}, {"k": i + 1, "lts": ts(7 * i)}],
+                    )
+                    write_events(stream_dir / "r", [{"rk": i, "rts": ts(7 * i + 1)}])
+                    query.processAllAvailable()
+            finally:
+                query.stop()
+            assert watch.flush(timeout=30)
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+    checkpoint_db = stream_dir / "checkpoint.duckdb"
+    result = CliRunner().invoke(
+        app, ["checkpoint-history", str(stream_dir / "checkpoint"), "--db", str(checkpoint_db)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.output
+    op_sql = (
+        "SELECT batch_id || '/' || operator_id, operator_name, rows_total FROM operators "
+        "ORDER BY batch_id, operator_id"
+    )
+    listener_ops = by_batch(listener_db, op_sql)
+    rebuilt_ops = by_batch(checkpoint_db, op_sql)
+    assert len(listener_ops) >= 20
+    assert {name for name, _ in listener_ops.values()} == {"dedupe", "symmetricHashJoin"}
+    assert listener_ops == {key: rebuilt_ops[key] for key in listener_ops}
+    # the join's state grew and was cleaned behind the watermark
+    assert len({rows for name, rows in listener_ops.values() if name == "symmetricHashJoin"}) > 2

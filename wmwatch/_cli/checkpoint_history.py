@@ -154,6 +154,7 @@ def _count_state(
         history.operators,
         ids,
         timeout_seconds=timeout_seconds,
+        state_format_version=history.state_format_version,
         progress=lambda done, total: _say(f"state counted: {done}/{total}"),
     )
     for line in problems:

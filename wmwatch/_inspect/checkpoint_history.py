@@ -113,6 +113,9 @@ class CheckpointHistory:
     state_rows: Mapping[tuple[int, int], int] = field(default_factory=dict)
     # what was left out, one line each
     warnings: tuple[str, ...] = ()
+    # the state checkpoint format: 2 keeps per-batch state ids in the commit log, which
+    # Spark's state reader needs to be told of (it is not in the offsets' conf)
+    state_format_version: int = 1
 
 
 # -- parsing (pure) -------------------------------------------------------------------------------
@@ -172,6 +175,19 @@ def parse_commit(text: str | None) -> bool:
     # v1 (and later formats Spark adds) all start with a version line; an empty file is a
     # commit cut off while being written, which Spark itself does not count
     return bool(re.fullmatch(r"v\d+", first))
+
+
+def state_format_version(commit_text: str | None) -> int:
+    """The state checkpoint format a commit was written with: 2 when it names each store's
+    state ids (``stateUniqueIds``, commit log v2), else 1."""
+    if commit_text is None:
+        return 1
+    lines = commit_text.split("\n")
+    try:
+        doc = json.loads(lines[1]) if len(lines) > 1 else {}
+    except ValueError:
+        return 1
+    return 2 if isinstance(doc, dict) and doc.get("stateUniqueIds") else 1
 
 
 def oldest_loadable_version(names: Iterable[str]) -> int | None:
@@ -287,6 +303,9 @@ def read_checkpoint(reader: CheckpointReader) -> CheckpointHistory:
             list(entries), sorted(commit_ids), oldest_state, batches[-1].offsets.conf
         ),
         warnings=warnings,
+        state_format_version=state_format_version(
+            fs.read_text(f"{root}/commits/{max(commit_ids)}") if commit_ids else None
+        ),
     )
 
 

@@ -10,8 +10,9 @@ when the overall budget runs out the remaining batches are left uncounted, never
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from wmwatch._core.spark_jobs import JobTimeoutError, bounded_job
@@ -22,6 +23,9 @@ _log = get_logger("wmwatch.checkpoint")
 
 # Batches per Spark job: one job plans a read per batch, so a chunk must stay quick to plan.
 CHUNK_BATCHES = 25
+# A checkpoint written with state format 2 (RocksDB's per-batch state ids) loads only when the
+# reading session says so; Spark's state reader does not find it out by itself (seen in 4.3).
+_FORMAT_KEY = "spark.sql.streaming.stateStore.checkpointFormatVersion"
 
 
 def count_state_rows(
@@ -31,9 +35,38 @@ def count_state_rows(
     batch_ids: Sequence[int],
     *,
     timeout_seconds: float,
+    state_format_version: int = 1,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[tuple[int, int], int], list[str]]:
     """Rows per (batch id, operator id) for ``batch_ids``, and a line per part left uncounted."""
+    with _session_conf(spark, _FORMAT_KEY, str(state_format_version)):
+        return _count(spark, checkpoint, operators, batch_ids, timeout_seconds, progress)
+
+
+@contextlib.contextmanager
+def _session_conf(spark: Any, key: str, value: str) -> Iterator[None]:
+    """Set a session conf for the reads, and put back what it was (the session may be the
+    user's)."""
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            if before is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, before)
+
+
+def _count(
+    spark: Any,
+    checkpoint: str,
+    operators: Sequence[StateOperator],
+    batch_ids: Sequence[int],
+    timeout_seconds: float,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[dict[tuple[int, int], int], list[str]]:
     counts: dict[tuple[int, int], int] = {}
     problems: list[str] = []
     deadline = time.monotonic() + timeout_seconds
