@@ -12,13 +12,16 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from wmwatch._audit.checkpoint import CheckpointReader
 from wmwatch._inspect.checkpoint_history import (
     CheckpointHistoryError,
+    batches_to_count,
     oldest_loadable_version,
     oldest_state_batch,
     parse_commit,
     parse_operator_metadata,
     parse_query_id,
+    read_checkpoint,
     state_format_version,
 )
 from wmwatch.cli import app
@@ -142,6 +145,24 @@ def test_state_format_version_from_the_commit_log() -> None:
     assert state_format_version(None) == 1
 
 
+def test_which_batches_get_their_state_counted(tmp_path: Path) -> None:
+    checkpoint = make_checkpoint(tmp_path / "ck", batches=8)  # 0-6 committed
+    add_state(checkpoint, range(1, 9))
+    history = read_checkpoint(CheckpointReader(str(checkpoint)))
+    assert batches_to_count(history, None) == [0, 1, 2, 3, 4, 5, 6]
+    assert batches_to_count(history, 3) == [4, 5, 6]
+    assert batches_to_count(history, 0) == []
+    assert batches_to_count(history, 50) == [0, 1, 2, 3, 4, 5, 6]
+    # state cleaned below version 5: batches from 4 on still load
+    for partition in ("0", "1"):
+        folder = checkpoint / "state" / "0" / partition
+        for version in range(1, 5):
+            (folder / f"{version}.delta").unlink()
+        (folder / "5.snapshot").write_bytes(b"")
+    history = read_checkpoint(CheckpointReader(str(checkpoint)))
+    assert batches_to_count(history, None) == [4, 5, 6]
+
+
 def test_commit_and_query_id() -> None:
     assert parse_commit('v1\n{"nextBatchWatermarkMs":0}')
     assert not parse_commit(None)
@@ -161,7 +182,7 @@ def test_history_of_a_checkpoint(tmp_path: Path) -> None:
     db = tmp_path / "h.duckdb"
     result = run(str(checkpoint), "--db", str(db), "--name", "counts")
     assert result.exit_code == 0, result.output
-    assert "wrote 4 batches of query counts" in result.output
+    assert f"wrote 4 batches of query counts ({QUERY_ID})" in result.output
     got = rows(
         db,
         "SELECT batch_id, epoch_ms(watermark_at), epoch_ms(late_watermark_at), "
@@ -280,6 +301,17 @@ def test_an_unknown_log_version(tmp_path: Path) -> None:
         "upgrade wmwatch",
     )
     assert not (tmp_path / "h.duckdb").exists()
+
+
+def test_an_empty_offsets_file(tmp_path: Path) -> None:
+    checkpoint = make_checkpoint(tmp_path / "ck")
+    (checkpoint / "offsets" / "3").write_text("")
+    one_line_error(
+        run(str(checkpoint), "--db", str(tmp_path / "h.duckdb")),
+        "offsets/3",
+        "is empty",
+        "restore that file from a copy of the checkpoint",
+    )
 
 
 def test_a_corrupt_offsets_file(tmp_path: Path) -> None:

@@ -88,7 +88,7 @@ def test_history_from_checkpoint_agrees_with_the_listener(spark: Any, stream_dir
     runner = CliRunner()
     result = runner.invoke(app, ["checkpoint-history", str(checkpoint), "--db", str(checkpoint_db)])
     assert result.exit_code == 0, result.output
-    assert f"({query_id})" in result.output
+    assert f"batches of query {query_id} to {checkpoint_db}" in result.output
 
     listener = by_batch(
         listener_db,

@@ -202,11 +202,15 @@ def _write(history: CheckpointHistory, db: Path, name: str | None, state_counted
         f"; kept {written.batches_kept} batches a listener recorded" if written.batches_kept else ""
     )
     typer.echo(
-        f"wrote {written.batches_written} batches of query {name or history.query_id} "
-        f"({history.query_id}) to {db}{kept}; offsets reach back to batch "
+        f"wrote {written.batches_written} batches of query {_label(name, history.query_id)} "
+        f"to {db}{kept}; offsets reach back to batch "
         f"{retention.oldest_offsets_batch}, commits to {retention.oldest_commit_batch}, state to "
         f"{_or_none(retention.oldest_state_batch)}; state rows counted for {state_counted} batches"
     )
+
+
+def _label(name: str | None, query_id: str) -> str:
+    return f"{name} ({query_id})" if name else query_id
 
 
 def _or_none(value: int | None) -> str:

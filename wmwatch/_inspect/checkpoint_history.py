@@ -242,7 +242,9 @@ def batches_to_count(history: CheckpointHistory, last: int | None) -> list[int]:
     if oldest is None or not any(op.countable for op in history.operators):
         return []
     ids = [b.batch_id for b in history.batches if b.committed and b.batch_id >= oldest]
-    return ids[-last:] if last is not None and last >= 0 else ids
+    if last is None:
+        return ids
+    return ids[len(ids) - last :] if last > 0 else []
 
 
 # -- reading (through the audit's reader) ---------------------------------------------------------
@@ -344,6 +346,11 @@ def _numeric_first(name: str) -> tuple[int, str]:
 
 def _damaged(root: str, exc: AuditError) -> str:
     text = str(exc).rstrip(".")
+    if "starts with ''" in text:  # an empty file: cut off while being written
+        return (
+            f"{text.split(' starts', 1)[0]} in {root} is empty; the checkpoint is damaged: "
+            "restore that file from a copy of the checkpoint, or pass a copy without it"
+        )
     if "Spark version" in text:
         return (
             f"{text.split(':', 1)[0]} in {root}: the checkpoint is in a format this wmwatch "
