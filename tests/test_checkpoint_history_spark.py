@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests.helpers import write_events
+from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem
+from wmwatch._inspect.checkpoint_history import read_checkpoint
 from wmwatch.cli import app
 
 pytestmark = pytest.mark.spark
@@ -139,6 +142,12 @@ def test_history_from_checkpoint_agrees_with_the_listener(spark: Any, stream_dir
     assert reads[0] == 0 and reads[2] == 0 and reads[3] == 0
     assert reads[1] == max(rebuilt) and reads[4] == len(rebuilt)
     assert reads[5] == len(committed)
+
+    # the same checkpoint read through Hadoop's FileSystem (how hdfs/s3a/abfss roots are read)
+    root = f"file:{checkpoint}"
+    through_hadoop = read_checkpoint(CheckpointReader(root, HadoopFileSystem(spark, root)))
+    local = read_checkpoint(CheckpointReader(str(checkpoint)))
+    assert replace(through_hadoop, checkpoint=local.checkpoint) == local
 
     # the checkpoint was only read
     assert sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*")) == before
