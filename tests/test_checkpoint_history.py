@@ -212,6 +212,16 @@ def test_history_of_a_checkpoint(tmp_path: Path) -> None:
     report = CliRunner().invoke(app, ["report", "--db", str(db)])
     assert report.exit_code == 0, report.output
     assert "counts" in report.output
+    # the report's section says which checkpoint and how far back it reaches
+    assert "read from the checkpoint" in report.output
+    assert "0 / 0 / -" in report.output and "4 / 0 / 0" in report.output
+    csv = CliRunner().invoke(app, ["report", "--db", str(db), "--format", "csv"])
+    assert csv.exit_code == 0, csv.output
+    header, row = csv.output.strip().splitlines()
+    values = dict(zip(header.split(","), row.split(","), strict=True))
+    assert values["checkpoint"] == str(checkpoint)
+    assert values["checkpoint_oldest_offsets_batch"] == "0"
+    assert values["checkpoint_oldest_state_batch"] == ""
 
 
 def test_running_it_again_duplicates_nothing(tmp_path: Path) -> None:

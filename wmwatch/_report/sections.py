@@ -8,7 +8,13 @@ it here.
 from __future__ import annotations
 
 from wmwatch._audit.report import LATE_ROWS_SECTION
+from wmwatch._inspect.checkpoint_report import CHECKPOINT_SECTION
 from wmwatch._inspect.report import FINDINGS_SECTION, WATERMARKS_SECTION
 from wmwatch._section import Section
 
-SECTIONS: tuple[Section, ...] = (LATE_ROWS_SECTION, FINDINGS_SECTION, WATERMARKS_SECTION)
+SECTIONS: tuple[Section, ...] = (
+    LATE_ROWS_SECTION,
+    FINDINGS_SECTION,
+    WATERMARKS_SECTION,
+    CHECKPOINT_SECTION,
+)
