@@ -34,6 +34,7 @@ from wmwatch._audit.checkpoint import (
 )
 from wmwatch._errors import AuditError, ConfigError
 from wmwatch._store.rows import BatchRow, OperatorRow, ProgressRows, SourceRow, write_progress_rows
+from wmwatch._text import clean
 from wmwatch._time import EPOCH, from_epoch_ms
 
 if TYPE_CHECKING:
@@ -414,7 +415,7 @@ def _batch_rows(
             source_index=index,
             description=f"source {index} (from the checkpoint)",
             start_offset=_start_offset(batch, index),
-            end_offset=end,
+            end_offset=None if end is None else clean(end),
             input_rows=None,
             input_rows_per_second=None,
             processed_rows_per_second=None,
@@ -464,7 +465,8 @@ def _batch_rows(
 def _start_offset(batch: CheckpointBatch, index: int) -> str | None:
     if batch.previous_offsets is None or index >= len(batch.previous_offsets):
         return None
-    return batch.previous_offsets[index]
+    start = batch.previous_offsets[index]
+    return None if start is None else clean(start)
 
 
 # -- writing --------------------------------------------------------------------------------------
@@ -552,7 +554,7 @@ def write_history(
         """,
         (
             history.query_id,
-            history.checkpoint,
+            clean(history.checkpoint),  # a URI may carry credentials
             read_at,
             retention.oldest_offsets_batch,
             retention.latest_offsets_batch,
