@@ -278,8 +278,12 @@ def read_checkpoint(reader: CheckpointReader) -> CheckpointHistory:
             entry = reader.offsets(batch_id)
         except AuditError as exc:
             raise CheckpointHistoryError(_damaged(root, exc)) from None
-        if entry is not None:
+        if entry is not None:  # purged by a running query since it was listed
             entries[batch_id] = entry
+    if not entries:
+        raise CheckpointHistoryError(
+            f"{root}/offsets emptied while being read: the query purged it; run again"
+        )
     batches = tuple(
         CheckpointBatch(
             offsets=entry,
@@ -292,11 +296,13 @@ def read_checkpoint(reader: CheckpointReader) -> CheckpointHistory:
         for batch_id, entry in sorted(entries.items())
     )
     operators, warnings = read_operators(reader) if "state" in top else ((), ())
-    oldest_state = oldest_state_batch(
-        oldest_loadable_version(fs.list_names(store_folder(root, op, name)))
-        for op in operators
-        for name in op.store_names
-    ) if operators else None
+    oldest_state = None
+    if operators:
+        oldest_state = oldest_state_batch(
+            oldest_loadable_version(fs.list_names(store_folder(root, op, name)))
+            for op in operators
+            for name in op.store_names
+        )
     return CheckpointHistory(
         checkpoint=root,
         query_id=query_id,
