@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typer
 
+from wmwatch._cli.checkpoint_history import checkpoint_history
 from wmwatch._cli.demo import demo
 from wmwatch._cli.report import report
 
@@ -27,6 +28,7 @@ def _root() -> None:
 
 app.command("report")(report)
 app.command("demo")(demo)
+app.command("checkpoint-history")(checkpoint_history)
 
 
 def main() -> None:

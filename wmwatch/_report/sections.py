@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from wmwatch._audit.jumps_report import WATERMARK_JUMPS_SECTION
 from wmwatch._audit.report import LATE_ROWS_SECTION
+from wmwatch._inspect.checkpoint_report import CHECKPOINT_SECTION
 from wmwatch._inspect.report import FINDINGS_SECTION, WATERMARKS_SECTION
 from wmwatch._section import Section
 
@@ -17,4 +18,5 @@ SECTIONS: tuple[Section, ...] = (
     LATE_ROWS_SECTION,
     FINDINGS_SECTION,
     WATERMARKS_SECTION,
+    CHECKPOINT_SECTION,
 )

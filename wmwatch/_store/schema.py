@@ -316,6 +316,34 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        7,
+        "history read from a checkpoint: batches.committed, checkpoint_reads",
+        (
+            # commits/N exists; NULL for a batch the listener recorded (Spark reports a batch's
+            # progress only after committing it)
+            "ALTER TABLE batches ADD COLUMN IF NOT EXISTS committed BOOLEAN",
+            # one row per checkpoint read into the history: how far back it reached
+            """
+            CREATE TABLE IF NOT EXISTS checkpoint_reads (
+                query_id        VARCHAR NOT NULL,
+                checkpoint      VARCHAR NOT NULL,       -- the path as given
+                read_at         TIMESTAMPTZ NOT NULL,
+                oldest_offsets_batch BIGINT,            -- oldest offsets/N still there
+                latest_offsets_batch BIGINT,
+                oldest_commit_batch  BIGINT,            -- oldest commits/N still there
+                latest_commit_batch  BIGINT,
+                -- oldest batch whose state every operator can still load
+                oldest_state_batch   BIGINT,
+                min_batches_to_retain INTEGER,          -- spark.sql.streaming.minBatchesToRetain
+                batches_written BIGINT,                 -- batches this read added or replaced
+                batches_kept    BIGINT,                 -- batches the listener had recorded
+                state_batches_counted BIGINT,           -- batches whose state rows were counted
+                PRIMARY KEY (query_id, checkpoint)
+            )
+            """,
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -1,0 +1,576 @@
+"""History from a checkpoint alone: a query's batches, sources and stateful operators, read from
+its checkpoint folder and written to the same history tables the listener fills.
+
+What each field comes from (docs/checkpoint-history.md has the full table):
+
+- ``metadata``: the query id.
+- ``offsets/N``: the batch's watermark and time (``batchWatermarkMs``, ``batchTimestampMs``) and
+  each source's end offset; a source's start offset is its line in ``offsets/N-1``.
+- ``commits/N``: whether batch N committed.
+- ``state/<op>/_metadata/metadata``: each stateful operator's name, stores and partitions.
+- the state store files (``N.delta``, ``N.snapshot``, ``N.zip``, ``N.changelog``): the oldest
+  state version still loadable. Batch N commits state version N+1, which Spark's ``statestore``
+  reader loads for ``batchId`` N (``getReadStore(batchId + 1)``); its row count is what the
+  listener's ``numRowsTotal`` says for batch N.
+
+Parsing here is pure (text in, values out); the files come through the audit's
+:class:`~wmwatch._audit.checkpoint.CheckpointReader`, the state counts through
+:mod:`wmwatch._inspect.checkpoint_state`. Nothing here writes into the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from wmwatch._audit.checkpoint import (
+    CheckpointReader,
+    OffsetsEntry,
+    min_batches_to_retain,
+)
+from wmwatch._errors import AuditError, ConfigError
+from wmwatch._store.rows import BatchRow, OperatorRow, ProgressRows, SourceRow, write_progress_rows
+from wmwatch._text import clean
+from wmwatch._time import EPOCH, from_epoch_ms
+
+if TYPE_CHECKING:
+    import duckdb
+
+# The run id of every batch this feature writes: the checkpoint knows no runs, and the id tells
+# its rows from the listener's (which it never replaces).
+CHECKPOINT_RUN_ID = "checkpoint"
+_LOG_VERSION = "v1"
+_STATE_FILE = re.compile(r"^(\d+)(?:_[0-9A-Za-z-]+)?\.(delta|snapshot|zip|changelog)$")
+_FULL_STATE_KINDS = frozenset({"snapshot", "zip"})
+_JOIN_OPERATOR = "symmetricHashJoin"
+# Operators whose state sits in column families that the plain statestore read does not cover.
+_UNCOUNTED_OPERATORS = frozenset({"transformWithStateExec", "transformWithStateInPandasExec"})
+
+
+class CheckpointHistoryError(ConfigError):
+    """The folder is not a readable streaming checkpoint (the message says what to do)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateOperator:
+    """One stateful operator, from ``state/<id>/_metadata/metadata``."""
+
+    operator_id: int
+    name: str
+    store_names: tuple[str, ...]
+    partitions: int
+
+    @property
+    def is_join(self) -> bool:
+        return self.name == _JOIN_OPERATOR
+
+    @property
+    def countable(self) -> bool:
+        """Whether Spark's ``statestore`` reader, as used here, sees all of its state rows."""
+        return self.name not in _UNCOUNTED_OPERATORS
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointBatch:
+    """One ``offsets/N`` with what else the checkpoint says about batch N."""
+
+    offsets: OffsetsEntry
+    committed: bool
+    # the source lines of offsets/N-1 (None: that file is gone or N is the first batch)
+    previous_offsets: tuple[str | None, ...] | None
+
+    @property
+    def batch_id(self) -> int:
+        return self.offsets.batch_id
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How far back the checkpoint still reaches, as batch ids (None: nothing there)."""
+
+    oldest_offsets_batch: int | None
+    latest_offsets_batch: int | None
+    oldest_commit_batch: int | None
+    latest_commit_batch: int | None
+    # the oldest batch whose state every operator can still load (state version - 1)
+    oldest_state_batch: int | None
+    min_batches_to_retain: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointHistory:
+    """Everything read from one checkpoint, ready to write."""
+
+    checkpoint: str
+    query_id: str
+    batches: tuple[CheckpointBatch, ...]
+    operators: tuple[StateOperator, ...]
+    retention: Retention
+    # state rows per (batch id, operator id); a missing key: not counted
+    state_rows: Mapping[tuple[int, int], int] = field(default_factory=dict)
+    # what was left out, one line each
+    warnings: tuple[str, ...] = ()
+    # the state checkpoint format: 2 keeps per-batch state ids in the commit log, which
+    # Spark's state reader needs to be told of (it is not in the offsets' conf)
+    state_format_version: int = 1
+
+
+# -- parsing (pure) -------------------------------------------------------------------------------
+
+
+def parse_query_id(text: str | None, root: str) -> str:
+    """The query id in the checkpoint's ``metadata`` file."""
+    if text is None:
+        raise CheckpointHistoryError(
+            f"{root} has no 'metadata' file, so it is not a streaming query's checkpoint: pass "
+            "the folder given as checkpointLocation"
+        )
+    try:
+        doc = json.loads(text.strip().splitlines()[0] if text.strip() else "")
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) or not doc["id"]:
+        raise CheckpointHistoryError(
+            f"{root}/metadata holds no query id; the checkpoint is damaged: restore the file "
+            "from a copy of the checkpoint"
+        )
+    return str(doc["id"])
+
+
+def parse_operator_metadata(text: str, what: str) -> StateOperator:
+    """``state/<id>/_metadata/metadata`` (operator metadata v1, which Spark writes for every
+    stateful operator but transformWithState's)."""
+    lines = [line for line in text.split("\n") if line.strip()]
+    if len(lines) < 2 or lines[0].strip() != _LOG_VERSION:
+        version = lines[0].strip()[:20] if lines else ""
+        raise CheckpointHistoryError(
+            f"{what} is in format {version!r}, which this wmwatch cannot read: its operator is "
+            "left out; upgrade wmwatch to read it"
+        )
+    try:
+        doc = json.loads(lines[1])
+        info = doc["operatorInfo"]
+        stores = doc["stateStoreInfo"]
+        return StateOperator(
+            operator_id=int(info["operatorId"]),
+            name=str(info["operatorName"]),
+            store_names=tuple(str(store["storeName"]) for store in stores),
+            partitions=max((int(store["numPartitions"]) for store in stores), default=0),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointHistoryError(
+            f"{what} is damaged ({type(exc).__name__}): its operator is left out; restore the "
+            "file from a copy of the checkpoint to read it"
+        ) from None
+
+
+def parse_commit(text: str | None) -> bool:
+    """Whether ``commits/N`` marks the batch committed: present, with a known version line."""
+    if text is None:
+        return False
+    first = text.split("\n", 1)[0].strip()
+    # v1 (and later formats Spark adds) all start with a version line; an empty file is a
+    # commit cut off while being written, which Spark itself does not count
+    return bool(re.fullmatch(r"v\d+", first))
+
+
+def state_format_version(commit_text: str | None) -> int:
+    """The state checkpoint format a commit was written with: 2 when it names each store's
+    state ids (``stateUniqueIds``, commit log v2), else 1."""
+    if commit_text is None:
+        return 1
+    lines = commit_text.split("\n")
+    try:
+        doc = json.loads(lines[1]) if len(lines) > 1 else {}
+    except ValueError:
+        return 1
+    return 2 if isinstance(doc, dict) and doc.get("stateUniqueIds") else 1
+
+
+def oldest_loadable_version(names: Iterable[str]) -> int | None:
+    """The oldest state version that one store's files can still rebuild.
+
+    A version loads from a full copy (``N.snapshot``, RocksDB's ``N.zip``) plus the changes after
+    it, or from the changes alone when they reach back to version 1 (nothing was cleaned up).
+    """
+    full: list[int] = []
+    changes: list[int] = []
+    for name in names:
+        match = _STATE_FILE.match(name)
+        if match is None:
+            continue
+        version = int(match.group(1))
+        (full if match.group(2) in _FULL_STATE_KINDS else changes).append(version)
+    candidates = list(full)
+    if 1 in changes:
+        candidates.append(1)
+    return min(candidates) if candidates else None
+
+
+def oldest_state_batch(versions: Iterable[int | None]) -> int | None:
+    """The oldest batch whose state every store can load: the newest of the stores' oldest
+    versions, minus one (batch N commits version N+1). None when a store has none."""
+    found = list(versions)
+    if not found or any(version is None for version in found):
+        return None
+    return max(v for v in found if v is not None) - 1
+
+
+def retention_of(
+    offsets: Sequence[int],
+    commits: Sequence[int],
+    oldest_state: int | None,
+    conf: Mapping[str, str],
+) -> Retention:
+    return Retention(
+        oldest_offsets_batch=min(offsets) if offsets else None,
+        latest_offsets_batch=max(offsets) if offsets else None,
+        oldest_commit_batch=min(commits) if commits else None,
+        latest_commit_batch=max(commits) if commits else None,
+        oldest_state_batch=oldest_state,
+        min_batches_to_retain=min_batches_to_retain(dict(conf), None),
+    )
+
+
+def batches_to_count(history: CheckpointHistory, last: int | None) -> list[int]:
+    """The batches whose state size is read: committed, with state still loadable, and only the
+    ``last`` newest of them when given."""
+    oldest = history.retention.oldest_state_batch
+    if oldest is None or not any(op.countable for op in history.operators):
+        return []
+    ids = [b.batch_id for b in history.batches if b.committed and b.batch_id >= oldest]
+    if last is None:
+        return ids
+    return ids[len(ids) - last :] if last > 0 else []
+
+
+# -- reading (through the audit's reader) ---------------------------------------------------------
+
+
+def read_checkpoint(reader: CheckpointReader) -> CheckpointHistory:
+    """Read everything but the state sizes; raises :class:`CheckpointHistoryError`.
+
+    An operator whose metadata cannot be read is left out, with a line in ``warnings``: the
+    batches are worth having without it."""
+    root = reader.root
+    fs = reader.fs
+    top = set(fs.list_names(root))
+    if "offsets" not in top:
+        raise CheckpointHistoryError(
+            f"{root} has no offsets folder, so it is not a streaming query's checkpoint (or it "
+            "never ran a batch): pass the folder given as checkpointLocation"
+        )
+    query_id = parse_query_id(fs.read_text(f"{root}/metadata"), root)
+    offset_ids = reader.offset_batches()
+    if not offset_ids:
+        raise CheckpointHistoryError(
+            f"{root}/offsets holds no batch: the query never planned one, so there is no "
+            "history to read"
+        )
+    commit_ids = set(reader.committed_batches())
+    entries: dict[int, OffsetsEntry] = {}
+    for batch_id in offset_ids:
+        try:
+            entry = reader.offsets(batch_id)
+        except AuditError as exc:
+            raise CheckpointHistoryError(_damaged(root, exc)) from None
+        if entry is not None:  # purged by a running query since it was listed
+            entries[batch_id] = entry
+    if not entries:
+        raise CheckpointHistoryError(
+            f"{root}/offsets emptied while being read: the query purged it; run again"
+        )
+    batches = tuple(
+        CheckpointBatch(
+            offsets=entry,
+            committed=batch_id in commit_ids
+            and parse_commit(fs.read_text(f"{root}/commits/{batch_id}")),
+            previous_offsets=(
+                entries[batch_id - 1].source_offsets if batch_id - 1 in entries else None
+            ),
+        )
+        for batch_id, entry in sorted(entries.items())
+    )
+    operators, warnings = read_operators(reader) if "state" in top else ((), ())
+    oldest_state = None
+    if operators:
+        oldest_state = oldest_state_batch(
+            oldest_loadable_version(fs.list_names(store_folder(root, op, name)))
+            for op in operators
+            for name in op.store_names
+        )
+    return CheckpointHistory(
+        checkpoint=root,
+        query_id=query_id,
+        batches=batches,
+        operators=operators,
+        retention=retention_of(
+            list(entries), sorted(commit_ids), oldest_state, batches[-1].offsets.conf
+        ),
+        warnings=warnings,
+        state_format_version=state_format_version(
+            fs.read_text(f"{root}/commits/{max(commit_ids)}") if commit_ids else None
+        ),
+    )
+
+
+def read_operators(reader: CheckpointReader) -> tuple[tuple[StateOperator, ...], tuple[str, ...]]:
+    """Each ``state/<id>`` folder's operator, by id, and a line per operator left out."""
+    root = reader.root
+    operators = []
+    warnings = []
+    for name in sorted(reader.fs.list_names(f"{root}/state"), key=_numeric_first):
+        if not name.isdigit():
+            continue
+        path = f"{root}/state/{name}/_metadata/metadata"
+        text = reader.fs.read_text(path)
+        if text is None:
+            warnings.append(
+                f"state/{name} has no operator metadata (_metadata/metadata): its operator is "
+                "left out (a Spark older than 3.5 wrote it, or the file is gone)"
+            )
+            continue
+        try:
+            operators.append(parse_operator_metadata(text, f"state/{name}/_metadata/metadata"))
+        except CheckpointHistoryError as exc:
+            warnings.append(str(exc))
+    return tuple(operators), tuple(warnings)
+
+
+def store_folder(root: str, operator: StateOperator, store_name: str) -> str:
+    """Partition 0's folder of one store (every partition keeps the same versions)."""
+    base = f"{root}/state/{operator.operator_id}/0"
+    return base if store_name == "default" else f"{base}/{store_name}"
+
+
+def _numeric_first(name: str) -> tuple[int, str]:
+    return (int(name), name) if name.isdigit() else (1 << 62, name)
+
+
+def _damaged(root: str, exc: AuditError) -> str:
+    text = str(exc).rstrip(".")
+    if "starts with ''" in text:  # an empty file: cut off while being written
+        return (
+            f"{text.split(' starts', 1)[0]} in {root} is empty; the checkpoint is damaged: "
+            "restore that file from a copy of the checkpoint, or pass a copy without it"
+        )
+    if "Spark version" in text:
+        return (
+            f"{text.split(':', 1)[0]} in {root}: the checkpoint is in a format this wmwatch "
+            "does not know; upgrade wmwatch"
+        )
+    return f"{text} ({root}): restore that file from a copy of the checkpoint, or pass a copy " \
+        "of the checkpoint without it"
+
+
+# -- rows -----------------------------------------------------------------------------------------
+
+
+def history_rows(
+    history: CheckpointHistory, name: str | None, recorded_at: datetime
+) -> list[ProgressRows]:
+    """The batches, operators and sources rows, as the listener's progress would give them."""
+    has_watermark = any(b.offsets.watermark_ms > 0 for b in history.batches)
+    rows = []
+    for seq, batch in enumerate(history.batches, start=1):
+        rows.append(_batch_rows(history, batch, name, recorded_at, has_watermark, seq))
+    return rows
+
+
+def _batch_rows(
+    history: CheckpointHistory,
+    batch: CheckpointBatch,
+    name: str | None,
+    recorded_at: datetime,
+    has_watermark: bool,
+    seq: int,
+) -> ProgressRows:
+    entry = batch.offsets
+    batch_at = from_epoch_ms(entry.timestamp_ms)
+    # Spark reports the epoch as the watermark of a watermarked query until it has one, and no
+    # watermark at all for a query without; the checkpoint writes 0 for both
+    watermark_at = from_epoch_ms(entry.watermark_ms) or (EPOCH if has_watermark else None)
+    real_watermark = watermark_at is not None and watermark_at != EPOCH
+    operators = tuple(
+        OperatorRow(
+            query_id=history.query_id,
+            batch_id=entry.batch_id,
+            operator_id=op.operator_id,
+            operator_name=op.name,
+            rows_total=history.state_rows.get((entry.batch_id, op.operator_id)),
+            rows_updated=None,
+            rows_removed=None,
+            rows_dropped_by_watermark=None,
+            memory_used_bytes=None,
+            shuffle_partitions=op.partitions,
+            state_store_instances=None,
+            custom_metrics="{}",
+            seq=seq,
+        )
+        for op in history.operators
+    )
+    counts = [op.rows_total for op in operators]
+    sources = tuple(
+        SourceRow(
+            query_id=history.query_id,
+            batch_id=entry.batch_id,
+            source_index=index,
+            description=f"source {index} (from the checkpoint)",
+            start_offset=_start_offset(batch, index),
+            end_offset=None if end is None else clean(end),
+            input_rows=None,
+            input_rows_per_second=None,
+            processed_rows_per_second=None,
+            seq=seq,
+        )
+        for index, end in enumerate(entry.source_offsets)
+    )
+    row = BatchRow(
+        query_id=history.query_id,
+        batch_id=entry.batch_id,
+        run_id=CHECKPOINT_RUN_ID,
+        query_name=name,
+        batch_at=batch_at,
+        watermark_at=watermark_at,
+        late_watermark_at=None,  # the writer takes the previous batch's watermark
+        event_time_max_at=None,
+        event_time_min_at=None,
+        event_time_avg_at=None,
+        watermark_lag_seconds=(
+            (batch_at - watermark_at).total_seconds()
+            if real_watermark and batch_at is not None and watermark_at is not None
+            else None
+        ),
+        event_time_delay_seconds=None,
+        input_rows=None,
+        input_rows_per_second=None,
+        processed_rows_per_second=None,
+        batch_duration_seconds=None,
+        durations_seconds="{}",
+        rows_dropped_by_watermark=None,
+        state_rows_total=(
+            sum(c for c in counts if c is not None)
+            if counts and all(c is not None for c in counts)
+            else None
+        ),
+        state_memory_bytes=None,
+        sink_output_rows=None,
+        progress_json=None,
+        recorded_at=recorded_at,
+        operator_count=len(operators),
+        source_count=len(sources),
+        seq=seq,
+    )
+    return ProgressRows(row, operators, sources)
+
+
+def _start_offset(batch: CheckpointBatch, index: int) -> str | None:
+    if batch.previous_offsets is None or index >= len(batch.previous_offsets):
+        return None
+    start = batch.previous_offsets[index]
+    return None if start is None else clean(start)
+
+
+# -- writing --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What one write did."""
+
+    batches_written: int
+    batches_kept: int
+
+
+def listener_batches(con: duckdb.DuckDBPyConnection, query_id: str) -> tuple[set[int], str | None]:
+    """The batch ids the listener recorded for the query, and the name it last had."""
+    rows = con.execute(
+        "SELECT batch_id, query_name FROM batches WHERE query_id = ? AND run_id <> ? "
+        "ORDER BY batch_id",
+        (query_id, CHECKPOINT_RUN_ID),
+    ).fetchall()
+    names = [name for _, name in rows if name]
+    return {int(batch_id) for batch_id, _ in rows}, (names[-1] if names else None)
+
+
+def write_history(
+    con: duckdb.DuckDBPyConnection,
+    history: CheckpointHistory,
+    name: str | None,
+    read_at: datetime,
+    state_batches_counted: int,
+) -> Written:
+    """Upsert the checkpoint's batches, leaving every batch the listener recorded as it is.
+
+    Writing the same checkpoint again replaces its own rows (the keys are the query id and batch
+    id), so nothing is duplicated; a state count an earlier read made and this one did not
+    (``--no-state``, ``--state-batches``) is kept.
+    """
+    kept, _ = listener_batches(con, history.query_id)
+    earlier = {
+        (int(batch_id), int(operator_id)): int(rows_total)
+        for batch_id, operator_id, rows_total in con.execute(
+            """
+            SELECT o.batch_id, o.operator_id, o.rows_total FROM operators o
+            JOIN batches b USING (query_id, batch_id)
+            WHERE o.query_id = ? AND b.run_id = ? AND o.rows_total IS NOT NULL
+            """,
+            (history.query_id, CHECKPOINT_RUN_ID),
+        ).fetchall()
+    }
+    merged = replace(history, state_rows={**earlier, **history.state_rows})
+    rows = history_rows(merged, name, read_at)
+    items = [item for item in rows if item.batch.batch_id not in kept]
+    if items:
+        write_progress_rows(con, items)
+        committed = {b.batch_id: b.committed for b in history.batches}
+        ids = [item.batch.batch_id for item in items]
+        con.execute(
+            """
+            UPDATE batches SET committed = c.committed
+            FROM (SELECT unnest($1::BIGINT[]) AS batch_id,
+                         unnest($2::BOOLEAN[]) AS committed) c
+            WHERE batches.query_id = $3 AND batches.batch_id = c.batch_id
+              AND batches.run_id = $4
+            """,
+            (ids, [committed[i] for i in ids], history.query_id, CHECKPOINT_RUN_ID),
+        )
+        # The checkpoint cannot tell whether the query still runs; with a listener's runs
+        # recorded, theirs say it (a run's status is read by its latest time).
+        con.execute(
+            """
+            UPDATE queries SET status = 'unknown',
+                last_progress_at = CASE WHEN $3 THEN NULL ELSE last_progress_at END
+            WHERE query_id = $1 AND run_id = $2
+            """,
+            (history.query_id, CHECKPOINT_RUN_ID, bool(kept)),
+        )
+    retention = history.retention
+    con.execute(
+        """
+        INSERT OR REPLACE INTO checkpoint_reads (query_id, checkpoint, read_at,
+            oldest_offsets_batch, latest_offsets_batch, oldest_commit_batch, latest_commit_batch,
+            oldest_state_batch, min_batches_to_retain, batches_written, batches_kept,
+            state_batches_counted)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        """,
+        (
+            history.query_id,
+            clean(history.checkpoint),  # a URI may carry credentials
+            read_at,
+            retention.oldest_offsets_batch,
+            retention.latest_offsets_batch,
+            retention.oldest_commit_batch,
+            retention.latest_commit_batch,
+            retention.oldest_state_batch,
+            retention.min_batches_to_retain,
+            len(items),
+            len(rows) - len(items),
+            state_batches_counted,
+        ),
+    )
+    return Written(batches_written=len(items), batches_kept=len(rows) - len(items))
