@@ -10,6 +10,7 @@ import typer
 
 from wmwatch._cli.demo import demo
 from wmwatch._cli.report import report
+from wmwatch._cli.sidecar import sidecar
 
 app = typer.Typer(
     name="wmwatch",
@@ -27,6 +28,7 @@ def _root() -> None:
 
 app.command("report")(report)
 app.command("demo")(demo)
+app.command("sidecar")(sidecar)
 
 
 def main() -> None:
