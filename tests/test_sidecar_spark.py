@@ -340,3 +340,45 @@ def test_a_definition_that_is_not_the_checkpoints_query_is_refused(
             watch.audit_checkpoint(tmp_path / "checkpoint", events, output_mode="complete")
         with pytest.raises(ConfigError, match="output_mode='sorted'"):
             watch.audit_checkpoint(tmp_path / "checkpoint", events, output_mode="sorted")
+
+
+def test_batches_purged_before_the_sidecar_reached_them_are_lost_with_the_reason(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The production query keeps 2 batches of offsets and commits; the sidecar starts after it
+    stopped: every batch it can no longer read is counted lost, with the reason, and every
+    other one audited."""
+    (tmp_path / "in").mkdir()
+    monkeypatch.setenv(IN_VARIABLE, str(tmp_path / "in"))
+    production = spark.newSession()  # another session: its own retention setting
+    production.conf.set("spark.sql.streaming.minBatchesToRetain", "2")
+    query = (
+        sidecar_defs.dedupe(sidecar_defs.events(production))
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        for rows in many_files(5):
+            write_events(tmp_path / "in", rows)
+            query.processAllAvailable()
+    finally:
+        query.stop()
+    committed = CheckpointReader(str(tmp_path / "checkpoint")).committed_batches()
+    assert committed[0] >= 2, "Spark purged no batch: the scenario lost its point"
+    events = sidecar_defs.events(spark)
+    with wmwatch.attach(spark, db=str(tmp_path / "side.duckdb"), metrics_port=None) as watch:
+        handle = watch.audit_checkpoint(
+            tmp_path / "checkpoint", events, sidecar_defs.dedupe(events), poll_interval_seconds=0.2
+        )
+        assert handle.sync(120), handle.status()
+        status = handle.status()
+        handle.stop()
+    with duckdb.connect(str(tmp_path / "side.duckdb"), read_only=True) as con:
+        rows = con.execute("SELECT batch_id FROM audit_batches ORDER BY 1").fetchall()
+    marked = [b for (b,) in rows]
+    # every batch id from 0 on is either audited (marked) or lost, never both, never neither
+    assert status["batches_lost"] >= committed[0]
+    assert status["batches_lost"] + len(marked) == committed[-1] + 1
+    assert marked == list(range(committed[-1] + 1 - len(marked), committed[-1] + 1))
+    assert "minBatchesToRetain" in status["last_lost_reason"]
