@@ -34,7 +34,7 @@ from tests import sidecar_defs
 from tests.helpers import write_events
 from tests.sidecar_defs import IN_VARIABLE
 from tests.sidecar_driver import many_files
-from tests.test_audit_kafka_restart_spark import spark_dropped_by_batch
+from tests.test_audit_kafka_restart_spark import _progress, spark_dropped_by_batch
 from tests.test_sidecar_cli import fake_checkpoint, invoke
 from wmwatch._audit.checkpoint import CheckpointReader
 from wmwatch._errors import AuditError, ConfigError
@@ -63,7 +63,13 @@ def _driver(folder: Path, shape: str, *args: str) -> subprocess.Popen[str]:
 
 
 def _sidecar(folder: Path, shape: str) -> subprocess.Popen[str]:
-    """The real CLI in a process (an application) of its own, following the query."""
+    """The real CLI in a process (an application) of its own, following the query; its
+    stderr goes to <folder>/sidecar.log."""
+    with (folder / "sidecar.log").open("a") as log:
+        return _sidecar_process(folder, shape, log)
+
+
+def _sidecar_process(folder: Path, shape: str, log: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             sys.executable, "-m", "wmwatch.cli", "sidecar",
@@ -81,7 +87,7 @@ def _sidecar(folder: Path, shape: str) -> subprocess.Popen[str]:
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=log,
         text=True,
         env={
             **os.environ,
@@ -228,23 +234,32 @@ def test_sidecar_keeps_up_with_a_running_query_through_sigkills(spark: Any, tmp_
             assert time.monotonic() < deadline, f"no committed batch read {written.name}"
             time.sleep(0.05)
 
+    def progress_recorded(batch_id: int) -> None:
+        """Wait until the driver recorded Spark's progress of ``batch_id``: a kill after it can
+        cut off only the progress of batches that read no input (checked at the end)."""
+        deadline = time.monotonic() + 120  # guards against a hang only
+        while batch_id not in _progress(tmp_path):
+            assert time.monotonic() < deadline, f"no progress recorded for batch {batch_id}"
+            time.sleep(0.05)
+
     def audited(lines: queue.Queue[dict[str, Any] | None], batch_id: int) -> None:
         _wait_for(lines, lambda s: (s["last_audited_batch"] or -1) >= batch_id)
 
     for index in range(4):
         write(index)
     first = _driver(tmp_path, "dedupe", "run")
+    committed_reading(write(4), first)  # the query exists (its checkpoint does)
     side = _sidecar(tmp_path, "dedupe")
     second = side2 = None
     try:
         side_lines = _lines(side)
-        batch = committed_reading(write(4), first)
+        batch = committed_reading(write(5), first)
         audited(side_lines, batch)  # the sidecar keeps up with the running query
         # SIGKILL the production driver right after a commit, then restart it
-        batch = committed_reading(write(5), first)
+        progress_recorded(committed_reading(write(6), first))
         first.send_signal(signal.SIGKILL)
         assert first.wait(30) == -signal.SIGKILL
-        for index in range(6, 10):
+        for index in range(7, 10):
             write(index)
         second = _driver(tmp_path, "dedupe", "run")
         batch = committed_reading(write(10), second)
@@ -263,6 +278,7 @@ def test_sidecar_keeps_up_with_a_running_query_through_sigkills(spark: Any, tmp_
             last = committed_reading(write(index), second)
         audited(side2_lines, last)
         # the production query is done with the input: stop it, let the sidecar catch up
+        progress_recorded(last)
         second.send_signal(signal.SIGKILL)
         second.wait(30)
         end = CheckpointReader(str(checkpoint)).committed_batches()[-1]
