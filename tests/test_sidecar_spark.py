@@ -398,3 +398,76 @@ def test_batches_purged_before_the_sidecar_reached_them_are_lost_with_the_reason
     assert status["batches_lost"] + len(marked) == committed[-1] + 1
     assert marked == list(range(committed[-1] + 1 - len(marked), committed[-1] + 1))
     assert "minBatchesToRetain" in status["last_lost_reason"]
+
+
+def test_what_spark_dropped_from_an_unreadable_source_is_unknown_never_zero(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A rate source cannot read a batch again, and the sidecar has no progress: the rows Spark
+    dropped from it are stored as unknown (NULL) in each batch's marker and reported so, never
+    as 0; the metrics are exported as for the in-job audit."""
+    from prometheus_client import CollectorRegistry
+    from pyspark.sql import functions as F
+
+    from tests.test_audit_spark import dropped_by_watermark
+
+    def rate_events() -> Any:
+        rate = spark.readStream.format("rate").option("rowsPerSecond", 40).load()
+        late = F.when(F.col("value") % 5 == 0, F.expr("INTERVAL 30 SECONDS")).otherwise(
+            F.expr("INTERVAL 0 SECONDS")
+        )
+        return rate.select("value", (F.col("timestamp") - late).alias("ts")).withWatermark(
+            "ts", "2 seconds"
+        )
+
+    def counts(events: Any) -> Any:
+        return events.groupBy(F.window("ts", "2 seconds")).count()
+
+    query = (
+        counts(rate_events())
+        .writeStream.format("noop")
+        .outputMode("append")
+        .trigger(processingTime="1 second")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not dropped_by_watermark(query.recentProgress):
+            time.sleep(0.5)
+    finally:
+        query.stop()
+    assert dropped_by_watermark(query.recentProgress) > 0, "the scenario dropped nothing"
+    db = tmp_path / "side.duckdb"
+    registry = CollectorRegistry()
+    events = rate_events()
+    with wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry) as watch:
+        handle = watch.audit_checkpoint(
+            tmp_path / "checkpoint", events, counts(events), name="rates",
+            poll_interval_seconds=0.2,
+        )
+        assert handle.sync(60), handle.status()
+        status = handle.status()
+        late_total, lost_total = (
+            registry.get_sample_value(name, {"query": "rates"})
+            for name in ("wmwatch_late_rows_audited_total", "wmwatch_audit_batches_lost_total")
+        )
+        handle.stop()
+    (only,) = status["inputs"]
+    assert "cannot be replayed batch by batch" in only["payload_missing"]
+    assert late_total == 0 and lost_total == 0 and status["errors"] == 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        inputs = [
+            json.loads(text)
+            for (text,) in con.execute(
+                "SELECT late_rows_by_input::VARCHAR FROM audit_batches "
+                "WHERE late_rows_by_input IS NOT NULL"
+            ).fetchall()
+        ]
+    assert inputs, "no batch marker lists the unreadable input"
+    assert all(entry["rows"] is None for marker in inputs for entry in marker)
+    result = runner.invoke(app, ["report", "--db", str(db), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    (reported,) = json.loads(result.stdout)["queries"]
+    (missing,) = reported["late_rows"]["without_payload"]
+    assert missing["rows_dropped"] is None and missing["batches_uncounted"] >= 1
