@@ -26,7 +26,10 @@ def invoke(*args: str) -> tuple[int, str]:
 
 
 def test_a_folder_that_is_no_checkpoint_is_one_line(tmp_path: Path) -> None:
-    code, err = invoke("--checkpoint", str(tmp_path), "--events", "tests.sidecar_defs:events")
+    code, err = invoke(
+        "--checkpoint", str(tmp_path), "--events", "tests.sidecar_defs:events",
+        "--query", "tests.sidecar_defs:window",
+    )
     assert code == 2
     assert err.count("\n") == 1 and "is not a streaming query's checkpoint" in err
     assert "checkpointLocation" in err
@@ -45,9 +48,21 @@ def test_an_events_function_that_is_not_there_is_one_line(
     tmp_path: Path, spec: str, says: str
 ) -> None:
     checkpoint = fake_checkpoint(tmp_path / "checkpoint")
-    code, err = invoke("--checkpoint", str(checkpoint), "--events", spec)
+    code, err = invoke(
+        "--checkpoint", str(checkpoint), "--events", spec, "--query", "tests.sidecar_defs:window"
+    )
     assert code == 2
     assert err.count("\n") == 1 and says in err, err
+
+
+def test_a_query_function_that_is_not_there_is_one_line(tmp_path: Path) -> None:
+    checkpoint = fake_checkpoint(tmp_path / "checkpoint")
+    code, err = invoke(
+        "--checkpoint", str(checkpoint), "--events", "tests.sidecar_defs:events",
+        "--query", "tests.sidecar_defs:windows",
+    )
+    assert code == 2
+    assert err.count("\n") == 1 and "--query 'tests.sidecar_defs:windows'" in err, err
 
 
 def test_help_names_what_the_sidecar_needs() -> None:

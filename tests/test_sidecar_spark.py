@@ -172,18 +172,22 @@ def test_sidecar_of_a_stopped_query_finds_what_the_in_job_audit_found(
 
     started, listener = _streams_started(spark)
     monkeypatch.setenv(IN_VARIABLE, str(tmp_path / "in"))
-    result = runner.invoke(
-        app,
-        [
-            "sidecar", "--checkpoint", str(checkpoint),
-            "--events", "tests.sidecar_defs:events", "--query", "tests.sidecar_defs:window",
-            "--db", str(tmp_path / "side.duckdb"), "--name", "orders", "--once", "--json",
-        ],
-    )
-    spark.streams.removeListener(listener)
+    command = [
+        "sidecar", "--checkpoint", str(checkpoint),
+        "--events", "tests.sidecar_defs:events", "--query", "tests.sidecar_defs:window",
+        "--db", str(tmp_path / "side.duckdb"), "--name", "orders", "--once", "--json",
+    ]
+    result = runner.invoke(app, command)
     assert result.exit_code == 0, result.stderr
     final = json.loads(result.stdout.splitlines()[-1])
     assert final["final"] and final["last_audited_batch"] == committed[-1]
+    assert final["batches_audited"] == len(committed)
+    # run again: it resumes after the batches its history marks, so it audits none twice
+    again = runner.invoke(app, command)
+    spark.streams.removeListener(listener)
+    assert again.exit_code == 0, again.stderr
+    final = json.loads(again.stdout.splitlines()[-1])
+    assert final["batches_audited"] == 0 and final["last_audited_batch"] == committed[-1]
     # nothing of the sidecar ran as a streaming query, and not one checkpoint file changed
     assert started == []
     assert _hashes(checkpoint) == before
@@ -323,7 +327,7 @@ def test_events_that_raise_or_are_not_streaming_are_one_line(
     checkpoint = fake_checkpoint(tmp_path / "checkpoint")
     code, err = invoke(
         "--checkpoint", str(checkpoint), "--events", f"tests.sidecar_defs:{function}",
-        "--db", str(tmp_path / "side.duckdb"),
+        "--query", "tests.sidecar_defs:window", "--db", str(tmp_path / "side.duckdb"),
     )
     assert code == 2
     assert err.count("\n") == 1 and says in err, err
@@ -354,6 +358,8 @@ def test_a_definition_that_is_not_the_checkpoints_query_is_refused(
             watch.audit_checkpoint(tmp_path / "checkpoint", [events, other], both)
         with pytest.raises(AuditError, match="complete output mode"):
             watch.audit_checkpoint(tmp_path / "checkpoint", events, output_mode="complete")
+        with pytest.raises(ConfigError, match="give the query's DataFrame"):
+            watch.audit_checkpoint(tmp_path / "checkpoint", events)
         with pytest.raises(ConfigError, match="output_mode='sorted'"):
             watch.audit_checkpoint(tmp_path / "checkpoint", events, output_mode="sorted")
 

@@ -192,7 +192,9 @@ def start_sidecar(
             "through the driver's JVM); start it with SparkSession.builder, not remote()."
         )
     if output_mode.lower() not in _OUTPUT_MODES:
-        raise ConfigError(f"output_mode={output_mode!r}: use append, update or complete.")
+        raise ConfigError(
+            f"output_mode={output_mode!r}: give the production query's, append or update."
+        )
     if output_mode.lower() == "complete":
         raise AuditError(_COMPLETE_MODE)
     if poll_interval_seconds <= 0:
@@ -201,9 +203,10 @@ def start_sidecar(
         _streaming_frame(f, f"events[{i}]" if isinstance(events, (list, tuple)) else "events")
         for i, f in enumerate(_as_list(events, "events"))
     ]
-    if query is None and len(frames) > 1:
+    if query is None and (len(frames) > 1 or kind is None):
         raise ConfigError(
-            "a query with several inputs needs query=, the DataFrame it builds on them."
+            "give the query's DataFrame built on events (query=, or --query module:function): "
+            "its stateful operators set the late-row rules (one input may give kind= instead)."
         )
     defined = _streaming_frame(query, "query") if query is not None else frames[0]
     root = os.fspath(checkpoint)
@@ -228,7 +231,11 @@ def start_sidecar(
     query_plan = defined._jdf.queryExecution().analyzed()
     plan_text = str(query_plan.toString())
     plan = apply_overrides(
-        parse_plan(plan_text), kind=kind, event_time=event_time, delay=delay, window=window,
+        parse_plan(plan_text),
+        kind=kind,
+        event_time=event_time,
+        delay=delay,
+        window=window,
         slide=slide,
     )
     _check_source_count(reader, len(plan.inputs))

@@ -45,14 +45,14 @@ def sidecar(
         ),
     ],
     query: Annotated[
-        str | None,
+        str,
         typer.Option(
             "--query",
             help="module:function called with what --events returned; returns the query's "
             "DataFrame (what the production code calls writeStream on), whose stateful "
             "operators set the late-row rules.",
         ),
-    ] = None,
+    ],
     db: Annotated[
         Path,
         typer.Option("--db", help="History file the late rows and markers are written to."),
@@ -121,7 +121,7 @@ def sidecar(
             # a local checkpoint is checked before a JVM starts: a wrong path fails in a moment
             checkpoint_query_id(CheckpointReader(checkpoint))
         events_fn = load_function(events, "--events")
-        query_fn = load_function(query, "--query") if query is not None else None
+        query_fn = load_function(query, "--query")
         settings = _settings(conf or [])
     except WmwatchError as exc:
         raise _fail(str(exc)) from None
@@ -185,7 +185,7 @@ def _run(
     *,
     checkpoint: str,
     events_spec: str,
-    query_spec: str | None,
+    query_spec: str,
     events_fn: Any,
     query_fn: Any,
     db: Path,
@@ -204,11 +204,7 @@ def _run(
     try:
         try:
             frames = call_definition(events_fn, spark, "--events", events_spec)
-            result = (
-                call_definition(query_fn, frames, "--query", query_spec or "")
-                if query_fn is not None
-                else None
-            )
+            result = call_definition(query_fn, frames, "--query", query_spec)
             handle = watch.audit_checkpoint(checkpoint, frames, result, **options)
         except WmwatchError as exc:
             raise _fail(str(exc)) from None
