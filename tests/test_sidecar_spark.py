@@ -336,7 +336,8 @@ def test_events_that_raise_or_are_not_streaming_are_one_line(
 def test_a_definition_that_is_not_the_checkpoints_query_is_refused(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A checkpoint of a query with one source, given a definition that reads two."""
+    """A checkpoint of a query with one source, given a definition that reads two, or one
+    that reads another folder; and output modes the audit does not take."""
     (tmp_path / "in").mkdir()
     write_events(tmp_path / "in", many_files(1)[0])
     monkeypatch.setenv(IN_VARIABLE, str(tmp_path / "in"))
@@ -356,6 +357,11 @@ def test_a_definition_that_is_not_the_checkpoints_query_is_refused(
     with wmwatch.attach(spark, db=str(tmp_path / "side.duckdb"), metrics_port=None) as watch:
         with pytest.raises(AuditError, match=r"reads 1 source\(s\) but .* reads 2"):
             watch.audit_checkpoint(tmp_path / "checkpoint", [events, other], both)
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.setenv(IN_VARIABLE, str(tmp_path / "elsewhere"))
+        wrong = sidecar_defs.events(spark)  # one source, as the checkpoint's, but not its folder
+        with pytest.raises(AuditError, match=r"read .*/in/part-\d+\.json, which is not under"):
+            watch.audit_checkpoint(tmp_path / "checkpoint", wrong, sidecar_defs.dedupe(wrong))
         with pytest.raises(AuditError, match="complete output mode"):
             watch.audit_checkpoint(tmp_path / "checkpoint", events, output_mode="complete")
         with pytest.raises(ConfigError, match="give the query's DataFrame"):

@@ -21,17 +21,25 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from wmwatch._audit.auditor import Auditor
-from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root
+from wmwatch._audit.checkpoint import (
+    CheckpointReader,
+    HadoopFileSystem,
+    local_root,
+    normalise_path,
+    parse_source_log,
+)
 from wmwatch._audit.plan import apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
-from wmwatch._audit.replay import Replayer
+from wmwatch._audit.replay import Replayer, ReplayInput
 from wmwatch._audit.sinks import AuditHistory
+from wmwatch._audit.source import FileBatchSource
 from wmwatch._audit.start import (
     _COMPLETE_MODE,
     DEFAULT_JOB_TIMEOUT_SECONDS,
@@ -46,7 +54,7 @@ from wmwatch._core.plugins import HistoryAccess, WatchContext
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError, ConfigError
 from wmwatch._progress import clean_name, query_label
-from wmwatch._text import error_line
+from wmwatch._text import error_line, redact
 
 # The run id of the ``queries`` row a sidecar writes: the checkpoint records no run ids, and
 # the production query's runs are not the sidecar's to name.
@@ -127,6 +135,56 @@ def _check_source_count(reader: CheckpointReader, sources: int) -> None:
             f"the checkpoint's query reads {logged} source(s) but the definition given reads "
             f"{sources}; give the events and query exactly as the production query builds them."
         )
+
+
+def _path_part(uri: str) -> str:
+    """A file's path without scheme and authority (``hdfs://nn:8020/a`` and ``hdfs:///a`` are
+    one file to the checks below), without a trailing slash."""
+    text = normalise_path(uri)
+    match = re.match(r"^[A-Za-z][\w+.-]*://[^/]*(/.*)?$", text)
+    path = (match.group(1) or "/") if match else text
+    if not match and not re.match(r"^[A-Za-z][\w+.-]*:", path):
+        path = os.path.abspath(path)  # a relative folder is the session's working directory's
+    return path.rstrip("/") or "/"
+
+
+def _newest_logged_file(reader: CheckpointReader, source_index: int) -> str | None:
+    """A file the checkpoint's query took in from source ``source_index`` (the newest log
+    entry's last file); None when its log holds none."""
+    directory = f"{reader.root.rstrip('/')}/sources/{source_index}"
+    names = reader.fs.list_names(directory)
+    numbered = sorted(
+        (int(m.group(1)), name) for name in names if (m := re.match(r"^(\d+)(\.compact)?$", name))
+    )
+    for _, name in reversed(numbered):
+        text = reader.fs.read_text(f"{directory}/{name}")
+        files = parse_source_log(text, f"sources/{source_index}/{name}") if text else []
+        if files:
+            return files[-1].path
+    return None
+
+
+def _check_file_sources(reader: CheckpointReader, inputs: Sequence[ReplayInput]) -> None:
+    """Each file source of the definition must read the folder the checkpoint's query read at
+    that position: sources in another order (a join's sides swapped) would replay the wrong
+    files."""
+    for item in inputs:
+        source = item.source
+        if not isinstance(source, FileBatchSource):
+            continue
+        folders = [_path_part(p) for p in source.spec.paths]
+        if not folders or any(re.search(r"[*?\[{]", f) for f in folders):
+            continue  # a glob: any file may match it
+        logged = _newest_logged_file(reader, source.source_index)
+        if logged is None:
+            continue
+        path = _path_part(logged)
+        if not any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders):
+            raise AuditError(
+                f"source {source.source_index} of the checkpoint's query read {redact(path)}, "
+                f"which is not under {', '.join(map(redact, source.spec.paths))}, the folder "
+                "the definition reads there; give the events in the production query's order."
+            )
 
 
 def _record_query(store: HistoryAccess, query_id: str, name: str | None) -> None:
@@ -240,6 +298,7 @@ def start_sidecar(
     )
     _check_source_count(reader, len(plan.inputs))
     inputs = _replay_inputs(spark, plan, plan_text, query_plan, frames, prepares)
+    _check_file_sources(reader, inputs)
     query_name = clean_name(name)
     label = query_label(query_name, query_id)
     replayer = Replayer(
