@@ -265,6 +265,18 @@ class Watch:
 
         return start_audit(self, query, events, **options)
 
+    def audit_checkpoint(
+        self, checkpoint: str | os.PathLike[str], events: Any, query: Any = None, **options: Any
+    ) -> Any:
+        """Audit another application's query from its checkpoint (running or stopped): the
+        same late rows, markers and metrics as :meth:`audit`, with nothing run in its driver.
+
+        See :func:`wmwatch._audit.sidecar.start_sidecar` for the options.
+        """
+        from wmwatch._audit.sidecar import start_sidecar
+
+        return start_sidecar(self, checkpoint, events, query, **options)
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every event received so far is handled and written; True if it was."""
         deadline = time.monotonic() + timeout

@@ -11,6 +11,7 @@ import typer
 from wmwatch._cli.checkpoint_history import checkpoint_history
 from wmwatch._cli.demo import demo
 from wmwatch._cli.report import report
+from wmwatch._cli.sidecar import sidecar
 
 app = typer.Typer(
     name="wmwatch",
@@ -29,6 +30,7 @@ def _root() -> None:
 app.command("report")(report)
 app.command("demo")(demo)
 app.command("checkpoint-history")(checkpoint_history)
+app.command("sidecar")(sidecar)
 
 
 def main() -> None:

@@ -51,7 +51,7 @@ from wmwatch._audit.source import (
     relation_position,
     source_indexes,
 )
-from wmwatch._core.plugins import WatchContext
+from wmwatch._core.plugins import HistoryAccess, WatchContext
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 from wmwatch._progress import clean_name, query_label
@@ -386,47 +386,23 @@ def start_audit(
     recorded in ``watermark_jumps`` with the rows that moved the watermark (the top rows by
     event time, same ``columns``/``hash_columns`` rules) and the late rows the jump cost.
     """
-    if sink not in SINKS:
-        raise ConfigError(f"sink={sink!r} is not one of {', '.join(SINKS)}.")
-    if max_rows_per_batch < 0:
-        raise ConfigError("max_rows_per_batch must be 0 (count only) or more.")
-    if max_row_bytes < 64:
-        raise ConfigError("max_row_bytes must be at least 64 bytes.")
-    if job_timeout_seconds <= 0:
-        raise ConfigError("job_timeout_seconds must be positive.")
-    if sink == "parquet" and not parquet_path:
-        raise ConfigError(
-            "sink='parquet' needs parquet_path=, the directory Spark writes late rows to."
-        )
-    store = watch.store
-    if sink == "duckdb" and store is None:
-        raise ConfigError(
-            "the watch has no history database; attach with db=... or use sink='parquet'."
-        )
-    frames = _as_list(events, "events")
-    if prepare is None or callable(prepare):
-        prepares: list[Callable[[Any], Any] | None] = [prepare] * len(frames)
-    else:
-        prepares = list(prepare)
-    if len(prepares) != len(frames) or not all(p is None or callable(p) for p in prepares):
-        raise ConfigError(
-            "prepare must be a function from the raw source DataFrame to events, or a list with "
-            "one such function (or None) per events DataFrame."
-        )
     spark = watch.spark
-    allow_multiple = str(
-        spark.conf.get("spark.sql.streaming.statefulOperator.allowMultiple", "true")
-    ).lower()
-    if allow_multiple == "false":
-        # Spark then filters late rows with the batch's own watermark, a rule not audited here.
-        raise AuditError(
-            "spark.sql.streaming.statefulOperator.allowMultiple=false changes which watermark "
-            "drops late rows and is not supported by the audit; leave it at its default (true)."
-        )
-    unknown = [c for c in hash_columns if columns is not None and c not in columns]
-    if unknown:
-        raise ConfigError(f"hash_columns {unknown} are not in columns=; add them or drop them.")
-    key = resolve_hash_key(hash_key, os.environ.get(HASH_KEY_VARIABLE))
+    frames = _as_list(events, "events")
+    prepares, key = checked_options(
+        spark,
+        watch.store,
+        frames,
+        prepare=prepare,
+        sink=sink,
+        parquet_path=parquet_path,
+        columns=columns,
+        hash_columns=hash_columns,
+        hash_key=hash_key,
+        max_rows_per_batch=max_rows_per_batch,
+        max_row_bytes=max_row_bytes,
+        job_timeout_seconds=job_timeout_seconds,
+    )
+    store = watch.store
     thresholds = Thresholds(
         ahead_seconds=watermark_ahead_seconds, jump_seconds=watermark_jump_seconds
     )
@@ -508,6 +484,64 @@ def start_audit(
     audit_plugin(watch).add(auditor)
     auditor.start()
     return AuditHandle(auditor)
+
+
+def checked_options(
+    spark: Any,
+    store: HistoryAccess | None,
+    frames: list[Any],
+    *,
+    prepare: Callable[[Any], Any] | Sequence[Callable[[Any], Any] | None] | None,
+    sink: str,
+    parquet_path: str | os.PathLike[str] | None,
+    columns: Sequence[str] | None,
+    hash_columns: Sequence[str],
+    hash_key: bytes | str | None,
+    max_rows_per_batch: int,
+    max_row_bytes: int,
+    job_timeout_seconds: float,
+) -> tuple[list[Callable[[Any], Any] | None], bytes | None]:
+    """Check an audit's options (one line each for what is wrong); the prepare of each events
+    DataFrame and the HMAC key. Shared by the in-job audit and the sidecar."""
+    if sink not in SINKS:
+        raise ConfigError(f"sink={sink!r} is not one of {', '.join(SINKS)}.")
+    if max_rows_per_batch < 0:
+        raise ConfigError("max_rows_per_batch must be 0 (count only) or more.")
+    if max_row_bytes < 64:
+        raise ConfigError("max_row_bytes must be at least 64 bytes.")
+    if job_timeout_seconds <= 0:
+        raise ConfigError("job_timeout_seconds must be positive.")
+    if sink == "parquet" and not parquet_path:
+        raise ConfigError(
+            "sink='parquet' needs parquet_path=, the directory Spark writes late rows to."
+        )
+    if sink == "duckdb" and store is None:
+        raise ConfigError(
+            "the watch has no history database; attach with db=... or use sink='parquet'."
+        )
+    if prepare is None or callable(prepare):
+        prepares: list[Callable[[Any], Any] | None] = [prepare] * len(frames)
+    else:
+        prepares = list(prepare)
+    if len(prepares) != len(frames) or not all(p is None or callable(p) for p in prepares):
+        raise ConfigError(
+            "prepare must be a function from the raw source DataFrame to events, or a list with "
+            "one such function (or None) per events DataFrame."
+        )
+    allow_multiple = str(
+        spark.conf.get("spark.sql.streaming.statefulOperator.allowMultiple", "true")
+    ).lower()
+    if allow_multiple == "false":
+        # Spark then filters late rows with the batch's own watermark, a rule not audited here.
+        raise AuditError(
+            "spark.sql.streaming.statefulOperator.allowMultiple=false changes which watermark "
+            "drops late rows and is not supported by the audit; leave it at its default (true)."
+        )
+    unknown = [c for c in hash_columns if columns is not None and c not in columns]
+    if unknown:
+        raise ConfigError(f"hash_columns {unknown} are not in columns=; add them or drop them.")
+    key = resolve_hash_key(hash_key, os.environ.get(HASH_KEY_VARIABLE))
+    return prepares, key
 
 
 def resolve_hash_key(option: bytes | str | None, variable: str | None) -> bytes | None:

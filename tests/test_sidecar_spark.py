@@ -1,0 +1,485 @@
+"""The audit as a sidecar, against real Spark: the production query runs in another application
+(``tests/sidecar_driver.py``, a process of its own), the sidecar reads its checkpoint.
+
+- Of a stopped query: the sidecar (the real CLI, in this test session) finds exactly the rows
+  the in-job audit of the same run found, and leaves every checkpoint file byte for byte as it
+  was, with no streaming query of its own.
+- Of a running query: the sidecar (the real CLI, a process of its own) keeps up; SIGKILLing the
+  production driver and then the sidecar, and restarting each, loses and duplicates nothing:
+  every committed batch is marked once and each batch's late rows equal Spark's own count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+import wmwatch
+from tests import sidecar_defs
+from tests.helpers import write_events
+from tests.sidecar_defs import IN_VARIABLE
+from tests.sidecar_driver import many_files
+from tests.test_audit_kafka_restart_spark import _progress, spark_dropped_by_batch
+from tests.test_sidecar_cli import fake_checkpoint, invoke
+from wmwatch._audit.checkpoint import CheckpointReader
+from wmwatch._errors import AuditError, ConfigError
+from wmwatch.cli import app
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+_LATE = (
+    "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), "
+    "epoch_ms(window_start_at), epoch_ms(window_end_at), operator_kind, operator_index, "
+    "source_index, source_file, row_data::VARCHAR FROM late_rows ORDER BY ALL"
+)
+
+
+def _driver(folder: Path, shape: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.sidecar_driver", str(folder), shape, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _sidecar(folder: Path, shape: str) -> subprocess.Popen[str]:
+    """The real CLI in a process (an application) of its own, following the query; its
+    stderr goes to <folder>/sidecar.log."""
+    with (folder / "sidecar.log").open("a") as log:
+        return _sidecar_process(folder, shape, log)
+
+
+def _sidecar_process(folder: Path, shape: str, log: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "wmwatch.cli", "sidecar",
+            "--checkpoint", str(folder / "checkpoint"),
+            "--events", "tests.sidecar_defs:events",
+            "--query", f"tests.sidecar_defs:{shape}",
+            "--db", str(folder / "side.duckdb"),
+            "--name", f"sidecar_{shape}",
+            "--master", "local[1]",
+            "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.driver.memory=512m",
+            "--conf", "spark.sql.shuffle.partitions=1",
+            "--poll", "0.2",
+            "--json",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env={
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(ROOT),
+            IN_VARIABLE: str(folder / "in"),
+        },
+    )
+
+
+def _lines(proc: subprocess.Popen[str]) -> queue.Queue[dict[str, Any] | None]:
+    """A process's JSON lines as they come; None once its output ends."""
+    lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("{"):
+                lines.put(json.loads(line))
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def _wait_for(
+    lines: queue.Queue[dict[str, Any] | None], wanted: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    while True:
+        status = lines.get(timeout=300)  # guards against a hang only
+        assert status is not None, "the process ended before the wanted status"
+        if wanted(status):
+            return status
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` (names included) and its SHA-256."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _streams_started(spark: Any) -> tuple[list[str], Any]:
+    """A listener on ``spark`` that records every streaming query started in it, and the
+    listener (to remove)."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    started: list[str] = []
+
+    class Started(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:  # noqa: N802
+            started.append(str(event.id))
+
+        def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+            pass
+
+    listener = Started()
+    spark.streams.addListener(listener)
+    return started, listener
+
+
+@pytest.mark.slow
+def test_sidecar_of_a_stopped_query_finds_what_the_in_job_audit_found(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "in").mkdir()
+    production = _driver(tmp_path, "window", "files", "50", "audit")
+    done = _wait_for(_lines(production), lambda s: "done" in s)
+    assert production.wait(120) == 0 and done["done"] is True
+    checkpoint = tmp_path / "checkpoint"
+    before = _hashes(checkpoint)
+    committed = CheckpointReader(str(checkpoint)).committed_batches()
+    assert len(committed) >= 50
+
+    started, listener = _streams_started(spark)
+    monkeypatch.setenv(IN_VARIABLE, str(tmp_path / "in"))
+    command = [
+        "sidecar", "--checkpoint", str(checkpoint),
+        "--events", "tests.sidecar_defs:events", "--query", "tests.sidecar_defs:window",
+        "--db", str(tmp_path / "side.duckdb"), "--name", "orders", "--once", "--json",
+    ]
+    result = runner.invoke(app, command)
+    assert result.exit_code == 0, result.stderr
+    final = json.loads(result.stdout.splitlines()[-1])
+    assert final["final"] and final["last_audited_batch"] == committed[-1]
+    assert final["batches_audited"] == len(committed)
+    # run again: it resumes after the batches its history marks, so it audits none twice
+    again = runner.invoke(app, command)
+    spark.streams.removeListener(listener)
+    assert again.exit_code == 0, again.stderr
+    final = json.loads(again.stdout.splitlines()[-1])
+    assert final["batches_audited"] == 0 and final["last_audited_batch"] == committed[-1]
+    # nothing of the sidecar ran as a streaming query, and not one checkpoint file changed
+    assert started == []
+    assert _hashes(checkpoint) == before
+
+    with duckdb.connect(str(tmp_path / "injob.duckdb"), read_only=True) as con:
+        injob = con.execute(_LATE).fetchall()
+        injob_marks = con.execute(
+            "SELECT batch_id, late_rows FROM audit_batches ORDER BY 1"
+        ).fetchall()
+    with duckdb.connect(str(tmp_path / "side.duckdb"), read_only=True) as con:
+        side = con.execute(_LATE).fetchall()
+        side_marks = con.execute(
+            "SELECT batch_id, late_rows FROM audit_batches ORDER BY 1"
+        ).fetchall()
+    assert len(injob) >= 20, "the scenario produced too few late rows"
+    assert side == injob  # same batches, rows, watermarks, windows, files, row data
+    assert side_marks == injob_marks
+    assert [b for b, _ in side_marks] == committed
+
+    # the report reads the sidecar's history like the in-job audit's
+    report = runner.invoke(
+        app, ["report", "--db", str(tmp_path / "side.duckdb"), "--format", "json"]
+    )
+    assert report.exit_code == 0, report.stderr
+    (query,) = json.loads(report.stdout)["queries"]
+    assert query["query"] == "orders" and query["status"] == "unknown"
+    assert query["late_rows"]["late_rows"] == len(injob)
+    assert query["late_rows"]["audited_batches"] == len(committed)
+
+
+@pytest.mark.slow
+def test_sidecar_keeps_up_with_a_running_query_through_sigkills(spark: Any, tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    files = many_files(24)
+    checkpoint = tmp_path / "checkpoint"
+
+    def write(index: int) -> Path:
+        return write_events(tmp_path / "in", files[index])
+
+    def committed_reading(written: Path, proc: subprocess.Popen[str]) -> int:
+        deadline = time.monotonic() + 300  # guards against a hang only
+        while True:
+            assert proc.poll() is None, "the production driver stopped"
+            reader = CheckpointReader(str(checkpoint))
+            for batch_id in reversed(reader.committed_batches()):
+                if any(Path(f.path).name == written.name for f in reader.batch_files(batch_id)):
+                    return batch_id
+            assert time.monotonic() < deadline, f"no committed batch read {written.name}"
+            time.sleep(0.05)
+
+    def progress_recorded(batch_id: int) -> None:
+        """Wait until the driver recorded Spark's progress of ``batch_id``: a kill after it can
+        cut off only the progress of batches that read no input (checked at the end)."""
+        deadline = time.monotonic() + 120  # guards against a hang only
+        while batch_id not in _progress(tmp_path):
+            assert time.monotonic() < deadline, f"no progress recorded for batch {batch_id}"
+            time.sleep(0.05)
+
+    def audited(lines: queue.Queue[dict[str, Any] | None], batch_id: int) -> None:
+        _wait_for(lines, lambda s: (s["last_audited_batch"] or -1) >= batch_id)
+
+    for index in range(4):
+        write(index)
+    first = _driver(tmp_path, "dedupe", "run")
+    committed_reading(write(4), first)  # the query exists (its checkpoint does)
+    side = _sidecar(tmp_path, "dedupe")
+    second = side2 = None
+    try:
+        side_lines = _lines(side)
+        batch = committed_reading(write(5), first)
+        audited(side_lines, batch)  # the sidecar keeps up with the running query
+        # SIGKILL the production driver right after a commit, then restart it
+        progress_recorded(committed_reading(write(6), first))
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(30) == -signal.SIGKILL
+        for index in range(7, 10):
+            write(index)
+        second = _driver(tmp_path, "dedupe", "run")
+        batch = committed_reading(write(10), second)
+        audited(side_lines, batch)
+        # SIGKILL the sidecar right after the production query committed a batch it reads
+        for index in range(11, 14):
+            write(index)
+        committed_reading(write(14), second)
+        side.send_signal(signal.SIGKILL)
+        assert side.wait(30) == -signal.SIGKILL
+        for index in range(15, 20):
+            write(index)
+        side2 = _sidecar(tmp_path, "dedupe")
+        side2_lines = _lines(side2)
+        for index in range(20, 24):
+            last = committed_reading(write(index), second)
+        audited(side2_lines, last)
+        # the production query is done with the input: stop it, let the sidecar catch up
+        progress_recorded(last)
+        second.send_signal(signal.SIGKILL)
+        second.wait(30)
+        end = CheckpointReader(str(checkpoint)).committed_batches()[-1]
+        audited(side2_lines, end)
+        side2.send_signal(signal.SIGTERM)  # a clean stop
+        final = _wait_for(side2_lines, lambda s: s.get("final") is True)
+        assert side2.wait(60) == 0
+        assert final["errors"] == 0
+    finally:
+        for proc in (first, second, side, side2):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+
+    reader = CheckpointReader(str(checkpoint))
+    committed = reader.committed_batches()
+    with duckdb.connect(str(tmp_path / "side.duckdb"), read_only=True) as con:
+        marks = dict(con.execute("SELECT batch_id, late_rows FROM audit_batches").fetchall())
+        late = con.execute("SELECT batch_id, row_data::VARCHAR FROM late_rows").fetchall()
+    assert sorted(marks) == committed  # every committed batch marked, once (its key)
+    ids = [json.loads(data)["id"] for _, data in late]
+    assert len(ids) == len(set(ids)) > 5, "a late row twice, or too few late rows"
+    per_batch = Counter(b for b, _ in late)
+    assert per_batch == Counter({b: n for b, n in marks.items() if n})
+    # Spark's own count, batch by batch, across both production runs
+    dropped = spark_dropped_by_batch(tmp_path, reader)
+    assert {b: per_batch.get(b, 0) for b in committed} == {b: dropped[b] for b in committed}
+
+
+@pytest.mark.parametrize(
+    ("function", "says"),
+    [
+        ("raises", "raised RuntimeError: no such table: orders; fix the function"),
+        ("batch", "is a batch DataFrame; it must be the streaming DataFrame"),
+    ],
+)
+def test_events_that_raise_or_are_not_streaming_are_one_line(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, function: str, says: str
+) -> None:
+    (tmp_path / "in").mkdir()
+    monkeypatch.setenv(IN_VARIABLE, str(tmp_path / "in"))
+    checkpoint = fake_checkpoint(tmp_path / "checkpoint")
+    code, err = invoke(
+        "--checkpoint", str(checkpoint), "--events", f"tests.sidecar_defs:{function}",
+        "--query", "tests.sidecar_defs:window", "--db", str(tmp_path / "side.duckdb"),
+    )
+    assert code == 2
+    assert err.count("\n") == 1 and says in err, err
+
+
+def test_a_definition_that_is_not_the_checkpoints_query_is_refused(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint of a query with one source, given a definition that reads two, or one
+    that reads another folder; and output modes the audit does not take."""
+    (tmp_path / "in").mkdir()
+    write_events(tmp_path / "in", many_files(1)[0])
+    monkeypatch.setenv(IN_VARIABLE, str(tmp_path / "in"))
+    events = sidecar_defs.events(spark)
+    query = (
+        events.dropDuplicates(["user", "ts"])
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    other = sidecar_defs.events(spark)
+    both = events.unionByName(other).dropDuplicates(["user", "ts"])
+    with wmwatch.attach(spark, db=str(tmp_path / "side.duckdb"), metrics_port=None) as watch:
+        with pytest.raises(AuditError, match=r"reads 1 source\(s\) but .* reads 2"):
+            watch.audit_checkpoint(tmp_path / "checkpoint", [events, other], both)
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.setenv(IN_VARIABLE, str(tmp_path / "elsewhere"))
+        wrong = sidecar_defs.events(spark)  # one source, as the checkpoint's, but not its folder
+        with pytest.raises(AuditError, match=r"read .*/in/part-\d+\.json, which is not under"):
+            watch.audit_checkpoint(tmp_path / "checkpoint", wrong, sidecar_defs.dedupe(wrong))
+        with pytest.raises(AuditError, match="complete output mode"):
+            watch.audit_checkpoint(tmp_path / "checkpoint", events, output_mode="complete")
+        with pytest.raises(ConfigError, match="give the query's DataFrame"):
+            watch.audit_checkpoint(tmp_path / "checkpoint", events)
+        with pytest.raises(ConfigError, match="output_mode='sorted'"):
+            watch.audit_checkpoint(tmp_path / "checkpoint", events, output_mode="sorted")
+
+
+def test_batches_purged_before_the_sidecar_reached_them_are_lost_with_the_reason(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The production query keeps 2 batches of offsets and commits; the sidecar starts after it
+    stopped: every batch it can no longer read is counted lost, with the reason, and every
+    other one audited."""
+    (tmp_path / "in").mkdir()
+    monkeypatch.setenv(IN_VARIABLE, str(tmp_path / "in"))
+    production = spark.newSession()  # another session: its own retention setting
+    production.conf.set("spark.sql.streaming.minBatchesToRetain", "2")
+    query = (
+        sidecar_defs.dedupe(sidecar_defs.events(production))
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        for rows in many_files(5):
+            write_events(tmp_path / "in", rows)
+            query.processAllAvailable()
+    finally:
+        query.stop()
+    committed = CheckpointReader(str(tmp_path / "checkpoint")).committed_batches()
+    assert committed[0] >= 2, "Spark purged no batch: the scenario lost its point"
+    events = sidecar_defs.events(spark)
+    with wmwatch.attach(spark, db=str(tmp_path / "side.duckdb"), metrics_port=None) as watch:
+        handle = watch.audit_checkpoint(
+            tmp_path / "checkpoint", events, sidecar_defs.dedupe(events), poll_interval_seconds=0.2
+        )
+        assert handle.sync(120), handle.status()
+        status = handle.status()
+        handle.stop()
+    with duckdb.connect(str(tmp_path / "side.duckdb"), read_only=True) as con:
+        rows = con.execute("SELECT batch_id FROM audit_batches ORDER BY 1").fetchall()
+    marked = [b for (b,) in rows]
+    # every batch id from 0 on is either audited (marked) or lost, never both, never neither
+    assert status["batches_lost"] >= committed[0]
+    assert status["batches_lost"] + len(marked) == committed[-1] + 1
+    assert marked == list(range(committed[-1] + 1 - len(marked), committed[-1] + 1))
+    assert "minBatchesToRetain" in status["last_lost_reason"]
+
+
+def test_what_spark_dropped_from_an_unreadable_source_is_unknown_never_zero(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A rate source cannot read a batch again, and the sidecar has no progress: the rows Spark
+    dropped from it are stored as unknown (NULL) in each batch's marker and reported so, never
+    as 0; the metrics are exported as for the in-job audit."""
+    from prometheus_client import CollectorRegistry
+    from pyspark.sql import functions as F
+
+    from tests.test_audit_spark import dropped_by_watermark
+
+    def rate_events() -> Any:
+        rate = spark.readStream.format("rate").option("rowsPerSecond", 40).load()
+        late = F.when(F.col("value") % 5 == 0, F.expr("INTERVAL 30 SECONDS")).otherwise(
+            F.expr("INTERVAL 0 SECONDS")
+        )
+        return rate.select("value", (F.col("timestamp") - late).alias("ts")).withWatermark(
+            "ts", "2 seconds"
+        )
+
+    def counts(events: Any) -> Any:
+        return events.groupBy(F.window("ts", "2 seconds")).count()
+
+    query = (
+        counts(rate_events())
+        .writeStream.format("noop")
+        .outputMode("append")
+        .trigger(processingTime="1 second")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not dropped_by_watermark(query.recentProgress):
+            time.sleep(0.5)
+    finally:
+        query.stop()
+    assert dropped_by_watermark(query.recentProgress) > 0, "the scenario dropped nothing"
+    db = tmp_path / "side.duckdb"
+    registry = CollectorRegistry()
+    events = rate_events()
+    with wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry) as watch:
+        handle = watch.audit_checkpoint(
+            tmp_path / "checkpoint", events, counts(events), name="rates",
+            poll_interval_seconds=0.2,
+        )
+        assert handle.sync(60), handle.status()
+        status = handle.status()
+        late_total, lost_total = (
+            registry.get_sample_value(name, {"query": "rates"})
+            for name in ("wmwatch_late_rows_audited_total", "wmwatch_audit_batches_lost_total")
+        )
+        handle.stop()
+    (only,) = status["inputs"]
+    assert "cannot be replayed batch by batch" in only["payload_missing"]
+    assert late_total == 0 and lost_total == 0 and status["errors"] == 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        inputs = [
+            json.loads(text)
+            for (text,) in con.execute(
+                "SELECT late_rows_by_input::VARCHAR FROM audit_batches "
+                "WHERE late_rows_by_input IS NOT NULL"
+            ).fetchall()
+        ]
+    assert inputs, "no batch marker lists the unreadable input"
+    assert all(entry["rows"] is None for marker in inputs for entry in marker)
+    result = runner.invoke(app, ["report", "--db", str(db), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    (reported,) = json.loads(result.stdout)["queries"]
+    (missing,) = reported["late_rows"]["without_payload"]
+    assert missing["rows_dropped"] is None and missing["batches_uncounted"] >= 1
