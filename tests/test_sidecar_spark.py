@@ -216,6 +216,41 @@ def test_sidecar_of_a_stopped_query_finds_what_the_in_job_audit_found(
     assert query["query"] == "orders" and query["status"] == "unknown"
     assert query["late_rows"]["late_rows"] == len(injob)
     assert query["late_rows"]["audited_batches"] == len(committed)
+    # ... and its batch history, read from the checkpoint as each batch was audited, agrees
+    # with the in-job run's listener batch by batch (ids, watermarks, the late-row filter's)
+    batches = (
+        "SELECT batch_id, epoch_ms(watermark_at), epoch_ms(late_watermark_at), "
+        "(SELECT list(operator_name ORDER BY operator_id) FROM operators o "
+        "WHERE o.query_id = b.query_id AND o.batch_id = b.batch_id) "
+        "FROM batches b ORDER BY batch_id"
+    )
+    with duckdb.connect(str(tmp_path / "injob.duckdb"), read_only=True) as con:
+        listener = con.execute(batches).fetchall()
+    with duckdb.connect(str(tmp_path / "side.duckdb"), read_only=True) as con:
+        side_batches = con.execute(batches).fetchall()
+        runs = con.execute("SELECT DISTINCT run_id FROM batches").fetchall()
+    assert [row[0] for row in side_batches] == committed  # each batch once, after two runs
+    assert runs == [("checkpoint",)]
+    assert len(listener) >= 50 and {row[0] for row in listener} <= set(committed)
+    assert [row for row in side_batches if row[0] in {r[0] for r in listener}] == listener
+    assert len({row[1] for row in listener}) > 10  # the watermark moved
+    assert query["batches"] == len(committed)
+    assert query["first_batch_id"] == committed[0] and query["last_batch_id"] == committed[-1]
+    assert query["watermark_at"] is not None
+    with duckdb.connect(str(tmp_path / "injob.duckdb"), read_only=True) as con:
+        (last_watermark_ms,) = con.execute(
+            "SELECT epoch_ms(watermark_at) FROM batches ORDER BY batch_id DESC LIMIT 1"
+        ).fetchone() or (None,)
+    assert side_batches[-1][1] == last_watermark_ms
+    shown = runner.invoke(app, ["report", "--db", str(tmp_path / "side.duckdb")])
+    assert shown.exit_code == 0, shown.stderr
+    assert "none in this period" not in shown.stdout and "watermark" in shown.stdout
+    page = tmp_path / "side.html"
+    html = runner.invoke(
+        app, ["report", "--db", str(tmp_path / "side.duckdb"), "--format", "html", "-o", str(page)]
+    )
+    assert html.exit_code == 0, html.stderr
+    assert "none in this period" not in page.read_text()
 
 
 @pytest.mark.slow
