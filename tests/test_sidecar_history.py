@@ -89,7 +89,8 @@ def test_each_audited_batch_gets_its_history_once_across_restarts(tmp_path: Path
         history = _history(store, checkpoint)
         assert history.audited_batches() == [0, 1, 2, 3]
         assert store.flush(timeout=30)
-        assert _rows(db, _BATCHES) == expected[:4]  # caught up before auditing on
+        caught_up = store.read(lambda con: con.execute(_BATCHES).fetchall(), timeout=30)
+        assert caught_up == expected[:4]  # before auditing on
         for batch_id in (4, 5, 3):  # 3 again: a replay a kill interrupted
             _audit(history, batch_id)
         assert store.flush(timeout=30)
