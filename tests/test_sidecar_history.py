@@ -116,3 +116,47 @@ def test_a_batch_purged_before_its_history_was_read_is_left_out(tmp_path: Path) 
     assert [row[0] for row in _rows(db, _BATCHES)] == [0, 2]
     assert _rows(db, "SELECT batch_id FROM audit_batches ORDER BY 1") == [(0,), (1,), (2,)]
     assert _rows(db, "SELECT start_offset FROM sources WHERE batch_id = 2") == [(None,)]
+
+
+def test_checkpoint_history_on_a_sidecar_file_duplicates_nothing_and_counts_stay(
+    tmp_path: Path,
+) -> None:
+    from typer.testing import CliRunner
+
+    from wmwatch.cli import app
+
+    checkpoint = make_checkpoint(tmp_path / "checkpoint", batches=3, committed=3)
+    add_state(checkpoint, range(1, 5))
+    db = tmp_path / "side.duckdb"
+    store = HistoryStore(db).start()
+    try:
+        history = _history(store, checkpoint)
+        _audit(history, 0)
+        assert store.flush(timeout=30)
+    finally:
+        store.close(timeout=30)
+    result = CliRunner().invoke(
+        app, ["checkpoint-history", str(checkpoint), "--db", str(db), "--no-state"]
+    )
+    assert result.exit_code == 0, result.output
+    assert _rows(db, "SELECT batch_id, run_id FROM batches ORDER BY 1") == [
+        (0, "checkpoint"),
+        (1, "checkpoint"),
+        (2, "checkpoint"),
+    ]
+    # a state count that checkpoint-history made stays when the sidecar writes the batch again
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE operators SET rows_total = 7 WHERE batch_id = 1")
+    store = HistoryStore(db).start()
+    try:
+        history = _history(store, checkpoint)
+        _audit(history, 1)
+        assert store.flush(timeout=30)
+    finally:
+        store.close(timeout=30)
+    assert _rows(db, "SELECT batch_id, rows_total FROM operators ORDER BY 1") == [
+        (0, None),
+        (1, 7),
+        (2, None),
+    ]
+    assert _rows(db, "SELECT count(*) FROM batches") == [(3,)]
