@@ -98,6 +98,10 @@ def test_each_audited_batch_gets_its_history_once_across_restarts(tmp_path: Path
         store.close(timeout=30)
     assert _rows(db, _BATCHES) == expected
     assert _rows(db, "SELECT count(*), count(DISTINCT batch_id) FROM sources") == [(6, 6)]
+    # the report's "read from the checkpoint" row counts every batch the sidecar wrote
+    assert _rows(db, "SELECT batches_written, latest_commit_batch FROM checkpoint_reads") == [
+        (6, 5)
+    ]
 
 
 def test_a_batch_purged_before_its_history_was_read_is_left_out(tmp_path: Path) -> None:

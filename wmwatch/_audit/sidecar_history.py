@@ -33,7 +33,7 @@ from wmwatch._inspect.checkpoint_history import (
     read_operators,
     write_history,
 )
-from wmwatch._text import error_line, get_logger
+from wmwatch._text import clean, error_line, get_logger
 
 if TYPE_CHECKING:
     import duckdb
@@ -152,5 +152,14 @@ def _history_writer(history: CheckpointHistory, name: str | None) -> Write:
 
     def write(con: duckdb.DuckDBPyConnection) -> None:
         write_history(con, history, name, read_at, state_batches_counted=0)
+        # the sidecar's read goes on batch by batch: its row counts every batch written so far
+        con.execute(
+            """
+            UPDATE checkpoint_reads SET batches_written = (
+                SELECT count(*) FROM batches WHERE query_id = $1 AND run_id = $2)
+            WHERE query_id = $1 AND checkpoint = $3
+            """,
+            [history.query_id, CHECKPOINT_RUN_ID, clean(history.checkpoint)],
+        )
 
     return write
