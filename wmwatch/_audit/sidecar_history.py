@@ -81,10 +81,12 @@ class SidecarHistory(AuditHistory):
 
         try:
             retained = set(self._reader.offset_batches())
+            gaps = sorted(set(self._store.read(missing, timeout=30)) & retained)
         except Exception as exc:  # noqa: BLE001 - the history is extra; the audit must go on
-            _log.warning("wmwatch: audit %s: no batch history caught up: %s", self.label, exc)
+            _log.warning(
+                "wmwatch: audit %s: no batch history caught up: %s", self.label, error_line(exc)
+            )
             return audited
-        gaps = sorted(set(self._store.read(missing, timeout=30)) & retained)
         for start in range(0, len(gaps), _CATCH_UP_CHUNK):
             self._write_batches(gaps[start : start + _CATCH_UP_CHUNK])
         return audited
