@@ -4,6 +4,8 @@
 a 10 s watermark; ``window`` counts them per 10 s window, ``dedupe`` drops duplicates of user
 and event time. The sidecar is given ``--events tests.sidecar_defs:events --query
 tests.sidecar_defs:window`` (or ``:dedupe``), exactly as a user names their own module.
+``kafka_events`` reads the topic ``$WMWATCH_SIDECAR_TEST_TOPIC`` of the broker at
+``$WMWATCH_SIDECAR_TEST_KAFKA`` as ``tests/audit_kafka_crash_driver.py`` does.
 """
 
 from __future__ import annotations
@@ -39,3 +41,19 @@ def raises(spark: Any) -> Any:
 
 def batch(spark: Any) -> Any:
     return spark.read.schema(SCHEMA).json(os.environ[IN_VARIABLE])
+
+
+KAFKA_VARIABLE = "WMWATCH_SIDECAR_TEST_KAFKA"  # bootstrap address
+TOPIC_VARIABLE = "WMWATCH_SIDECAR_TEST_TOPIC"
+
+
+def kafka_events(spark: Any) -> Any:
+    """The Kafka query of ``tests/audit_kafka_crash_driver.py``: JSON records parsed, with the
+    same 10 s watermark and records per trigger."""
+    from tests.audit_kafka_crash_driver import PER_TRIGGER
+    from tests.test_audit_kafka_spark import SCHEMA, kafka_stream, parse
+
+    raw = kafka_stream(
+        spark, os.environ[KAFKA_VARIABLE], os.environ[TOPIC_VARIABLE], PER_TRIGGER
+    )
+    return parse(SCHEMA)(raw).withWatermark("ts", "10 seconds")

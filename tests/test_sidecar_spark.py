@@ -216,6 +216,41 @@ def test_sidecar_of_a_stopped_query_finds_what_the_in_job_audit_found(
     assert query["query"] == "orders" and query["status"] == "unknown"
     assert query["late_rows"]["late_rows"] == len(injob)
     assert query["late_rows"]["audited_batches"] == len(committed)
+    # ... and its batch history, read from the checkpoint as each batch was audited, agrees
+    # with the in-job run's listener batch by batch (ids, watermarks, the late-row filter's)
+    batches = (
+        "SELECT batch_id, epoch_ms(watermark_at), epoch_ms(late_watermark_at), "
+        "(SELECT list(operator_name ORDER BY operator_id) FROM operators o "
+        "WHERE o.query_id = b.query_id AND o.batch_id = b.batch_id) "
+        "FROM batches b ORDER BY batch_id"
+    )
+    with duckdb.connect(str(tmp_path / "injob.duckdb"), read_only=True) as con:
+        listener = con.execute(batches).fetchall()
+    with duckdb.connect(str(tmp_path / "side.duckdb"), read_only=True) as con:
+        side_batches = con.execute(batches).fetchall()
+        runs = con.execute("SELECT DISTINCT run_id FROM batches").fetchall()
+    assert [row[0] for row in side_batches] == committed  # each batch once, after two runs
+    assert runs == [("checkpoint",)]
+    assert len(listener) >= 50 and {row[0] for row in listener} <= set(committed)
+    assert [row for row in side_batches if row[0] in {r[0] for r in listener}] == listener
+    assert len({row[1] for row in listener}) > 10  # the watermark moved
+    assert query["batches"] == len(committed)
+    assert query["first_batch_id"] == committed[0] and query["last_batch_id"] == committed[-1]
+    assert query["watermark_at"] is not None
+    with duckdb.connect(str(tmp_path / "injob.duckdb"), read_only=True) as con:
+        (last_watermark_ms,) = con.execute(
+            "SELECT epoch_ms(watermark_at) FROM batches ORDER BY batch_id DESC LIMIT 1"
+        ).fetchone() or (None,)
+    assert side_batches[-1][1] == last_watermark_ms
+    shown = runner.invoke(app, ["report", "--db", str(tmp_path / "side.duckdb")])
+    assert shown.exit_code == 0, shown.stderr
+    assert "none in this period" not in shown.stdout and "watermark" in shown.stdout
+    page = tmp_path / "side.html"
+    html = runner.invoke(
+        app, ["report", "--db", str(tmp_path / "side.duckdb"), "--format", "html", "-o", str(page)]
+    )
+    assert html.exit_code == 0, html.stderr
+    assert "none in this period" not in page.read_text()
 
 
 @pytest.mark.slow
@@ -483,3 +518,89 @@ def test_what_spark_dropped_from_an_unreadable_source_is_unknown_never_zero(
     (reported,) = json.loads(result.stdout)["queries"]
     (missing,) = reported["late_rows"]["without_payload"]
     assert missing["rows_dropped"] is None and missing["batches_uncounted"] >= 1
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_sidecar_of_a_kafka_query_finds_what_spark_dropped(
+    spark: Any, kafka: str, tmp_path: Path
+) -> None:
+    """A query over Kafka (the real broker) run to the end in another application with the
+    in-job audit; the sidecar, a process of its own with the connector's jars, finds the same
+    late records, per batch what Spark dropped, and the same batches and watermarks."""
+    from tests.kafka_broker import connector_jars
+    from tests.sidecar_defs import KAFKA_VARIABLE, TOPIC_VARIABLE
+    from tests.test_audit_kafka_restart_spark import _driver as kafka_driver
+    from tests.test_audit_kafka_restart_spark import _records
+    from tests.test_audit_kafka_spark import PARTITIONS, new_topic, produce
+
+    topic = new_topic(kafka)
+    records = _records(seed=83)
+    produce(kafka, topic, records)
+    production = kafka_driver(tmp_path, "finish", kafka, topic, "dedupe")
+    done = _wait_for(_lines(production), lambda s: "done" in s)
+    assert production.wait(240) == 0 and done["done"] is True and done["errors"] == 0, done
+    reader = CheckpointReader(str(tmp_path / "checkpoint"))
+    committed = reader.committed_batches()
+    before = _hashes(tmp_path / "checkpoint")
+
+    side = subprocess.run(
+        [
+            sys.executable, "-m", "wmwatch.cli", "sidecar",
+            "--checkpoint", str(tmp_path / "checkpoint"),
+            "--events", "tests.sidecar_defs:kafka_events",
+            "--query", "tests.sidecar_defs:dedupe",
+            "--db", str(tmp_path / "side.duckdb"),
+            "--name", "kafka_dedupe",
+            "--master", "local[1]",
+            "--conf", f"spark.jars={','.join(connector_jars())}",
+            "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.driver.memory=512m",
+            "--conf", "spark.sql.shuffle.partitions=1",
+            "--conf", "spark.sql.session.timeZone=UTC",
+            "--once", "--timeout", "240", "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,  # guards against a hang only
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            KAFKA_VARIABLE: kafka,
+            TOPIC_VARIABLE: topic,
+        },
+    )
+    assert side.returncode == 0, side.stderr[-2000:]
+    final = json.loads(side.stdout.splitlines()[-1])
+    assert final["last_audited_batch"] == committed[-1] and final["errors"] == 0, final
+    assert _hashes(tmp_path / "checkpoint") == before
+
+    with duckdb.connect(str(tmp_path / "history.duckdb"), read_only=True) as con:
+        injob = con.execute(_LATE).fetchall()
+        listener = con.execute(
+            "SELECT batch_id, epoch_ms(watermark_at), epoch_ms(late_watermark_at) FROM batches "
+            "ORDER BY batch_id"
+        ).fetchall()
+    with duckdb.connect(str(tmp_path / "side.duckdb"), read_only=True) as con:
+        found = con.execute(_LATE).fetchall()
+        marks = dict(con.execute("SELECT batch_id, late_rows FROM audit_batches").fetchall())
+        side_batches = con.execute(
+            "SELECT batch_id, epoch_ms(watermark_at), epoch_ms(late_watermark_at) FROM batches "
+            "ORDER BY batch_id"
+        ).fetchall()
+    assert found == injob  # the same records, batches, watermarks, partitions and offsets
+    assert sorted(marks) == committed
+    late_ids = [json.loads(row[-1])["id"] for row in found]
+    partition_of = {row["id"]: p for p, row in records}
+    assert len({partition_of[i] for i in late_ids}) >= min(2, PARTITIONS)
+    # per batch, what Spark itself dropped (the deduplication counts input rows)
+    dropped = spark_dropped_by_batch(tmp_path, reader)
+    per_batch = Counter(row[0] for row in found)
+    assert sum(dropped.values()) == len(found) > 0
+    for batch, count in dropped.items():
+        assert per_batch.get(batch, 0) == count == marks[batch], batch
+    # the batch history from the checkpoint agrees with the in-job listener's
+    assert [row[0] for row in side_batches] == committed
+    assert [row for row in side_batches if row[0] in {r[0] for r in listener}] == listener
+    assert len(listener) >= 5

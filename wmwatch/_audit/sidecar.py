@@ -38,7 +38,7 @@ from wmwatch._audit.checkpoint import (
 from wmwatch._audit.plan import apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
 from wmwatch._audit.replay import Replayer, ReplayInput
-from wmwatch._audit.sinks import AuditHistory
+from wmwatch._audit.sidecar_history import SidecarHistory
 from wmwatch._audit.source import FileBatchSource
 from wmwatch._audit.start import (
     _COMPLETE_MODE,
@@ -325,7 +325,19 @@ def start_sidecar(
         checkpoint=reader,
         sink=sink,
         replayer=replayer,
-        history=AuditHistory(store, query_id=query_id, label=label) if store else None,
+        history=(
+            SidecarHistory(
+                store,
+                query_id=query_id,
+                label=label,
+                reader=reader,
+                query_name=query_name,
+                # Spark reports the epoch as a watermarked query's watermark before its first
+                has_watermark="EventTimeWatermark" in plan_text,
+            )
+            if store
+            else None
+        ),
         poll_interval_seconds=poll_interval_seconds,
         # no progress: every committed batch that read data is replayed
         progress_min_covers_inputs=False,

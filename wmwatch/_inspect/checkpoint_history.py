@@ -117,6 +117,9 @@ class CheckpointHistory:
     # the state checkpoint format: 2 keeps per-batch state ids in the commit log, which
     # Spark's state reader needs to be told of (it is not in the offsets' conf)
     state_format_version: int = 1
+    # whether the query has a watermark (its batches before the first one report the epoch);
+    # None: the batches read say (a read of only some of them may not: see read_batches)
+    has_watermark: bool | None = None
 
 
 # -- parsing (pure) -------------------------------------------------------------------------------
@@ -318,6 +321,71 @@ def read_checkpoint(reader: CheckpointReader) -> CheckpointHistory:
     )
 
 
+def read_batches(
+    reader: CheckpointReader,
+    query_id: str,
+    batch_ids: Sequence[int],
+    *,
+    operators: tuple[StateOperator, ...] = (),
+    has_watermark: bool | None = None,
+    previous: OffsetsEntry | None = None,
+) -> CheckpointHistory:
+    """Read only ``batch_ids`` (committed batches), for a reader that follows a running query
+    and must not read its whole checkpoint again on every new commit.
+
+    ``previous`` is the offsets entry of the batch before the first one when the caller still
+    has it (so it is not read again). A batch whose offsets are gone (purged since) is left
+    out. The retention comes from listing the logs, as a follower does on every pass anyway.
+    """
+    fs = reader.fs
+    root = reader.root
+    entries: dict[int, OffsetsEntry] = {}
+    if previous is not None:
+        entries[previous.batch_id] = previous
+    wanted = sorted(set(batch_ids))
+    # each batch's start offsets are the end offsets of the batch before it
+    for batch_id in sorted({b - 1 for b in wanted if b > 0} | set(wanted)):
+        if batch_id in entries:
+            continue
+        try:
+            entry = reader.offsets(batch_id)
+        except AuditError as exc:
+            raise CheckpointHistoryError(_damaged(root, exc)) from None
+        if entry is not None:
+            entries[batch_id] = entry
+    batches = tuple(
+        CheckpointBatch(
+            offsets=entries[batch_id],
+            committed=True,
+            previous_offsets=(
+                entries[batch_id - 1].source_offsets if batch_id - 1 in entries else None
+            ),
+        )
+        for batch_id in wanted
+        if batch_id in entries
+    )
+    oldest_state = None
+    if operators:
+        oldest_state = oldest_state_batch(
+            oldest_loadable_version(fs.list_names(store_folder(root, op, name)))
+            for op in operators
+            for name in op.store_names
+        )
+    return CheckpointHistory(
+        checkpoint=root,
+        query_id=query_id,
+        batches=batches,
+        operators=operators,
+        retention=retention_of(
+            reader.offset_batches(),
+            reader.committed_batches(),
+            oldest_state,
+            batches[-1].offsets.conf if batches else {},
+        ),
+        has_watermark=has_watermark,
+    )
+
+
 def read_operators(reader: CheckpointReader) -> tuple[tuple[StateOperator, ...], tuple[str, ...]]:
     """Each ``state/<id>`` folder's operator, by id, and a line per operator left out."""
     root = reader.root
@@ -374,7 +442,11 @@ def history_rows(
     history: CheckpointHistory, name: str | None, recorded_at: datetime
 ) -> list[ProgressRows]:
     """The batches, operators and sources rows, as the listener's progress would give them."""
-    has_watermark = any(b.offsets.watermark_ms > 0 for b in history.batches)
+    has_watermark = (
+        history.has_watermark
+        if history.has_watermark is not None
+        else any(b.offsets.watermark_ms > 0 for b in history.batches)
+    )
     rows = []
     for seq, batch in enumerate(history.batches, start=1):
         rows.append(_batch_rows(history, batch, name, recorded_at, has_watermark, seq))
