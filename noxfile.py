@@ -108,6 +108,7 @@ def _run(session: nox.Session, name: str) -> None:
     bin_dir = _prepare(session, env)
     session.run(
         str(bin_dir / "pytest"),
+        "--durations=15",  # the slowest tests, in every log, to keep CI's time in view
         *env.pytest_args,
         *session.posargs,
         external=True,
