@@ -635,7 +635,7 @@ def test_stream_from_a_starting_timestamp_is_audited_from_the_version_delta_star
     """``startingTimestamp`` between two commits' times starts the stream at the later commit
     (``on`` a commit's time: at that commit); the audit replays its first batch from exactly
     that version, and with its late rows equals Spark's count of dropped rows."""
-    from wmwatch._audit.deltasource import DeltaBatchSource, delta_spec_of
+    from wmwatch._audit.sources.delta import DeltaBatchSource, delta_spec_of
 
     spark = delta_spark
     table = stream_dir / "table"

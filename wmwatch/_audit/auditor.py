@@ -17,15 +17,15 @@ batch N, replay exactly N's input and apply N's late-row rule in Spark.
   the batches already marked.
 - *Bounded, whatever the data does*: the replay (:mod:`wmwatch._audit.replay`) moves late rows
   to the driver a chunk at a time and runs every Spark job under a deadline.
-- *Falling behind*: Spark keeps ``spark.sql.streaming.minBatchesToRetain`` batches of offsets;
-  the audit exports how many batches remain before the oldest one it still needs is purged, and
-  a batch whose entries are gone is logged with the reason, counted as lost and passed over, so
-  the batches after it are still audited.
+- *Falling behind*: a batch whose checkpoint entries are gone is logged with the reason, counted
+  as lost and passed over, so the batches after it are still audited
+  (:mod:`wmwatch._audit.retention`).
 
 The work runs on the audit's own thread in its own FAIR scheduler pool, and each replay first
 waits (bounded) until the application is idle, which is how it yields under FIFO, where pools
-are ignored. The plugin hook on the watch's worker thread only records "batch N finished, min
-event time X" and wakes that thread.
+are ignored (:mod:`wmwatch._audit.pacing`). The plugin hook on the watch's worker thread only
+records "batch N finished, min event time X" and wakes that thread. Which source a batch is read
+from is the replay inputs' business (:mod:`wmwatch._audit.sources`): the loop names no kind.
 """
 
 from __future__ import annotations
@@ -33,38 +33,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from wmwatch._audit.checkpoint import (
-    MIN_BATCHES_TO_RETAIN_KEY,
-    CheckpointEntryGone,
-    CheckpointReader,
-    batches_until_purge,
-    min_batches_to_retain,
-)
+from wmwatch._audit.checkpoint import CheckpointEntryGone, CheckpointReader
 from wmwatch._audit.jumps import JumpWatch, TopRow, read_top_rows
+from wmwatch._audit.pacing import YIELD_FACTOR, IdleWait, SlotGate
 from wmwatch._audit.predicates import OperatorSpec, batch_may_have_late_rows
 from wmwatch._audit.replay import Replayer, ReplayInput
+from wmwatch._audit.retention import Retention, log_lost
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows, InputCount, LateRow
-from wmwatch._audit.source import UnreplayableSource
-from wmwatch._core.sessions import is_connect
+from wmwatch._audit.sources.base import UnreplayableSource
+from wmwatch._audit.status import AuditCounters, audit_status
 from wmwatch._errors import AuditError
-from wmwatch._text import error_line, get_logger
+from wmwatch._text import get_logger
 
 log = get_logger("wmwatch.audit")
-
-# Lost batches logged one line each per pass; the rest of a larger gap gets one summary line.
-_LOST_LINES_PER_PASS = 20
-# Before a replay the audit waits for a moment when no Spark job runs, at most this many times
-# the last replay's duration: where the application never idles, the replays then take at most
-# about a tenth of its time (FIFO ignores pools, so this is how the audit yields there).
-YIELD_FACTOR = 9.0
-_YIELD_MIN_SECONDS = 1.0
-_YIELD_MAX_SECONDS = 60.0
-_YIELD_POLL_SECONDS = 0.1
-# a real-time query's slots are read twice this far apart before a replay starts beside it
-_SLOT_CHECK_SECONDS = 0.25
 
 
 @dataclass
@@ -75,37 +59,6 @@ class _BatchInfo:
     run_id: str | None = None
     # Spark's numRowsDroppedByWatermark per stateful operator (its index in stateOperators)
     dropped_by_operator: dict[int, int] | None = None
-
-
-@dataclass
-class _Counters:
-    """What :meth:`Auditor.status` reports, updated under the auditor's lock."""
-
-    batches_audited: int = 0
-    batches_replayed: int = 0
-    batches_skipped: int = 0
-    late_rows: int = 0
-    late_rows_over_cap: int = 0
-    batches_over_cap: int = 0
-    errors: int = 0
-    last_error: str | None = None
-    batches_lost: int = 0
-    last_lost_batch: int | None = None
-    last_lost_reason: str | None = None
-    min_batches_to_retain: int | None = None
-    retention_batches_remaining: int | None = None
-    last_audited_batch: int | None = None
-    latest_committed_batch: int | None = None
-    oldest_pending_commit_mtime_seconds: float | None = None
-    replay_seconds: float = 0.0
-    # (operator index, kind, join side) -> late rows found
-    by_operator: dict[tuple[int, str, str | None], int] = field(default_factory=dict)
-    yield_seconds: float = 0.0
-    kept_behind_watermark: int = 0
-    # a real-time query's replays wait for a spare task slot
-    waiting_for_slot: bool = False
-    # rows Spark dropped from inputs the audit cannot read again (its count, no payload)
-    rows_without_payload: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +89,7 @@ class Auditor:
         resolve: Callable[[], Resolved | None] | None = None,
         count_kept_behind: bool = False,
         jumps: JumpWatch | None = None,
+        yield_factor: float = YIELD_FACTOR,
     ) -> None:
         self.query_id = query_id
         # who moved the watermark: checked after each audited batch (wmwatch._audit.jumps)
@@ -162,10 +116,10 @@ class Auditor:
         # rows each batch kept behind the watermark it reported (replaying the batches that
         # may hold one)
         self.count_kept_behind = count_kept_behind
-        self._warned_no_slot = False
-        # the most tasks seen running at once while the real-time run lasts: what its batches
-        # hold (the audit's own replays never run while it looks)
-        self._most_tasks_seen = 0
+        self._slots = SlotGate(label)
+        # 0: nothing to yield to (a sidecar runs no production job)
+        self._idle = IdleWait(yield_factor)
+        self._retention = Retention(replayer.spark, query_id)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -174,12 +128,7 @@ class Auditor:
         self._progress: dict[int, _BatchInfo] = {}
         self._done: set[int] = set()
         self._floor: int | None = None
-        # batches below this were checked for purged entries already
-        self._gap_checked_below = 0
-        self._retain: int | None = None
-        self.yield_factor = YIELD_FACTOR
-        self._last_replay_seconds = 0.0
-        self._counters = _Counters()
+        self._counters = AuditCounters()
         self._audited_cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self.on_stop: Callable[[], None] | None = None
@@ -317,71 +266,18 @@ class Auditor:
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            c = self._counters
-            latest = c.latest_committed_batch
-            last = c.last_audited_batch
-            lag_batches = (
-                0 if latest is None else max(0, latest - (last if last is not None else -1))
+            return audit_status(
+                self._counters,
+                query_id=self.query_id,
+                label=self.label,
+                inputs=self.replayer.inputs,
+                plan_known=self._resolved.is_set(),
+                sink=self.sink,
+                running=self._thread is not None and self._thread.is_alive(),
+                max_rows_per_batch=self.replayer.max_rows_per_batch,
+                now_seconds=time.time(),
+                jumps=self.jumps.status() if self.jumps is not None else None,
             )
-            lag_seconds = (
-                0.0
-                if c.oldest_pending_commit_mtime_seconds is None
-                else max(0.0, time.time() - c.oldest_pending_commit_mtime_seconds)
-            )
-            return {
-                "query_id": self.query_id,
-                "query": self.label,
-                "operator_kind": self.spec.kind if self.spec else None,
-                "event_time_column": self.spec.event_time_column if self.spec else None,
-                "plan_known": self._resolved.is_set(),
-                "inputs": [
-                    {
-                        "source_index": item.source.source_index,
-                        "operator_index": item.spec.operator_index,
-                        "kind": item.spec.kind,
-                        "side": item.spec.side,
-                        "event_time_column": item.spec.event_time_column,
-                        "payload_missing": (
-                            item.source.reason
-                            if isinstance(item.source, UnreplayableSource)
-                            else None
-                        ),
-                    }
-                    for item in self.replayer.inputs
-                ],
-                "late_rows_by_operator": [
-                    {"operator_index": op, "kind": kind, "side": side, "rows": rows}
-                    for (op, kind, side), rows in sorted(
-                        c.by_operator.items(), key=lambda kv: (kv[0][0], kv[0][2] or "")
-                    )
-                ],
-                "sink": self.sink,
-                "running": self._thread is not None and self._thread.is_alive(),
-                "batches_audited": c.batches_audited,
-                "batches_replayed": c.batches_replayed,
-                "batches_skipped": c.batches_skipped,
-                "last_audited_batch": last,
-                "latest_committed_batch": latest,
-                "late_rows": c.late_rows,
-                "late_rows_over_cap": c.late_rows_over_cap,
-                "batches_over_cap": c.batches_over_cap,
-                "max_rows_per_batch": self.replayer.max_rows_per_batch,
-                "lag_batches": lag_batches,
-                "lag_seconds": lag_seconds,
-                "errors": c.errors,
-                "last_error": c.last_error,
-                "replay_seconds": c.replay_seconds,
-                "yield_seconds": c.yield_seconds,
-                "batches_lost": c.batches_lost,
-                "rows_kept_behind_watermark": c.kept_behind_watermark,
-                "rows_without_payload": c.rows_without_payload,
-                "waiting_for_task_slot": c.waiting_for_slot,
-                "last_lost_batch": c.last_lost_batch,
-                "last_lost_reason": c.last_lost_reason,
-                "min_batches_to_retain": c.min_batches_to_retain,
-                "retention_batches_remaining": c.retention_batches_remaining,
-                **(self.jumps.status() if self.jumps is not None else {}),
-            }
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -405,8 +301,7 @@ class Auditor:
             except Exception as exc:
                 failures += 1
                 with self._lock:
-                    self._counters.errors += 1
-                    self._counters.last_error = f"{type(exc).__name__}: {error_line(exc)}"
+                    self._counters.add_error(exc)
                 log.warning(
                     "wmwatch: audit of %s failed (attempt %d, retrying): %s",
                     self.label,
@@ -430,8 +325,7 @@ class Auditor:
             resolved = self.resolve()
         except AuditError as exc:
             with self._lock:
-                self._counters.errors += 1
-                self._counters.last_error = f"{type(exc).__name__}: {error_line(exc)}"
+                self._counters.add_error(exc)
             log.error("wmwatch: cannot audit %s: %s", self.label, exc)
             self._stop.set()
             return False
@@ -474,89 +368,31 @@ class Auditor:
             self._update_retention(rest[0] if rest else None, committed)
         return True
 
-    # -- retention: how close the checkpoint's purge is, and batches it took ---------------------
-
-    def _retain_batches(self) -> int:
-        """``minBatchesToRetain`` of the query: its offset log's conf, else its session's."""
-        if self._retain is None:
-            latest = self.checkpoint.latest_offsets()
-            self._retain = min_batches_to_retain(
-                latest.conf if latest is not None else {}, self._session_retain_value()
-            )
-        return self._retain
-
-    def _session_retain_value(self) -> str | None:
-        """The value in the session the query runs with (classic PySpark), else the caller's."""
-        spark = self.replayer.spark
-        try:
-            query = spark.streams.get(self.query_id)
-            jsq = getattr(query, "_jsq", None) if query is not None else None
-            if jsq is not None:
-                value = jsq.streamingQuery().sparkSession().conf().get(
-                    MIN_BATCHES_TO_RETAIN_KEY, None
-                )
-                if value is not None:
-                    return str(value)
-        except Exception:  # noqa: BLE001 - the session's own conf is the next best answer
-            pass
-        try:
-            value = spark.conf.get(MIN_BATCHES_TO_RETAIN_KEY, None)
-        except Exception:  # noqa: BLE001 - Spark's default then
-            return None
-        return None if value is None else str(value)
+    # -- batches the checkpoint no longer holds ---------------------------------------------------
 
     def _update_retention(self, oldest_pending: int | None, committed: list[int]) -> None:
-        retain = self._retain_batches()
-        offsets = self.checkpoint.offset_batches()
-        if oldest_pending is None:
-            # caught up: the next batch to audit is the one after the last commit
-            oldest_pending = committed[-1] + 1 if committed else 0
-        remaining = (
-            retain if not offsets else batches_until_purge(oldest_pending, offsets[-1], retain)
-        )
+        retain = self._retention.retain_batches(self.checkpoint)
+        remaining = self._retention.batches_remaining(self.checkpoint, oldest_pending, committed)
         with self._lock:
             self._counters.min_batches_to_retain = retain
-            self._counters.retention_batches_remaining = max(0, remaining)
+            self._counters.retention_batches_remaining = remaining
 
     def _lose_purged_gap(self, committed: list[int], floor: int) -> None:
         """Batches below the oldest commit the checkpoint still holds, never audited: lost."""
-        if not committed:
-            return
         with self._lock:
-            start = max(floor, self._gap_checked_below)
-            gone = [b for b in range(start, committed[0]) if b not in self._done]
-            self._gap_checked_below = max(self._gap_checked_below, committed[0])
+            gone = self._retention.purged_gap(committed, floor, self._done)
         if gone:
-            self._lose(
-                gone,
-                "its offsets and commit were purged from the checkpoint before the audit reached "
-                f"it (Spark keeps spark.sql.streaming.minBatchesToRetain={self._retain_batches()} "
-                "batches); raise that setting or keep the audit closer to the query.",
-            )
+            self._lose(gone, self._retention.purged_reason(self.checkpoint))
 
     def _lose(self, batch_ids: list[int], reason: str) -> None:
         """Batches that can never be audited: one log line each (bounded), counted, passed."""
-        for batch_id in batch_ids[:_LOST_LINES_PER_PASS]:
-            log.warning(
-                "wmwatch: audit of %s lost batch %d, not audited: %s", self.label, batch_id, reason
-            )
-        if len(batch_ids) > _LOST_LINES_PER_PASS:
-            log.warning(
-                "wmwatch: audit of %s lost %d more batches (%d to %d), not audited: %s",
-                self.label,
-                len(batch_ids) - _LOST_LINES_PER_PASS,
-                batch_ids[_LOST_LINES_PER_PASS],
-                batch_ids[-1],
-                reason,
-            )
+        log_lost(self.label, batch_ids, reason)
         with self._audited_cond:
             self._done.update(batch_ids)
-            c = self._counters
-            c.batches_lost += len(batch_ids)
-            previous = [] if c.last_lost_batch is None else [c.last_lost_batch]
-            c.last_lost_batch = max(batch_ids + previous)
-            c.last_lost_reason = reason
+            self._counters.add_lost(batch_ids, reason)
             self._audited_cond.notify_all()
+
+    # -- one batch --------------------------------------------------------------------------------
 
     def _audit_batch(self, batch_id: int) -> bool:
         """Audit one committed batch; False when it should wait a moment for its progress."""
@@ -623,7 +459,7 @@ class Auditor:
             reported_wm_ms=reported_ms,
         )
         took = time.perf_counter() - started
-        self._last_replay_seconds = took
+        self._idle.last_replay_seconds = took
         with self._lock:
             self._counters.replay_seconds += took
         self._record(batch_id, run_id, late_wm_ms, found=self._with_unread(found, info))
@@ -656,6 +492,14 @@ class Auditor:
                     "more core"
                 )
 
+    def _yield_to_other_jobs(self) -> None:
+        """Wait, bounded, for the application to idle before a Spark job of the audit; after
+        the audited run stopped nothing competes."""
+        if not self._finishing():
+            waited = self._idle.wait(self.replayer.spark, self._stop)
+            with self._lock:
+                self._counters.yield_seconds += waited
+
     def _with_unread(self, found: BatchLateRows, info: _BatchInfo | None) -> BatchLateRows:
         """Add the inputs that cannot be read again: Spark's count of what their operator
         dropped in the batch, when that operator reads no other input (Spark counts all its
@@ -682,80 +526,12 @@ class Auditor:
         return replace(found, by_input=found.by_input + tuple(extra)) if extra else found
 
     def _real_time_slot_free(self) -> bool:
-        """Whether a replay may run beside a real-time query now.
-
-        A real-time batch must get every task slot its stages need at once, or Spark fails the
-        query (``CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT``); its tasks hold their slots for the
-        whole batch. So while the audited run lasts, a replay (one task at a time) starts only
-        when, twice in a row, a batch is running and a slot is left over beside the most tasks
-        ever seen running at once: a batch's ending stages free their slots one by one (a
-        source's task ends before the aggregation that drains it), and a replay started in
-        that moment would hold a slot the next batch needs. After the run stopped, nothing
-        competes.
-        """
-        if self._finishing():
-            with self._lock:
-                self._counters.waiting_for_slot = False
-            return True
-        for attempt in range(2):
-            if attempt:
-                time.sleep(_SLOT_CHECK_SECONDS)
-            slots = _task_slots(self.replayer.spark)
-            if slots is not None:
-                self._most_tasks_seen = max(self._most_tasks_seen, slots[1])
-            if slots is None or slots[1] == 0 or slots[0] - self._most_tasks_seen < 1:
-                with self._lock:
-                    self._counters.waiting_for_slot = True
-                if not self._warned_no_slot:
-                    self._warned_no_slot = True
-                    log.warning(
-                        "wmwatch: audit of real-time query %s waits for a spare task slot: "
-                        "the query's batches hold every slot, and Spark fails a real-time "
-                        "batch that cannot get all of them, so replays wait (Spark's dropped "
-                        "counts are still recorded); give the application one more core to "
-                        "audit while it runs",
-                        self.label,
-                    )
-                return False
+        """Whether a replay may run beside the real-time query now; after its run stopped,
+        nothing competes."""
+        free = self._finishing() or self._slots.free(self.replayer.spark)
         with self._lock:
-            self._counters.waiting_for_slot = False
-        return True
-
-    def _application_busy(self) -> bool:
-        """A Spark job runs, or a streaming query of the session is in a trigger or has data
-        waiting (between its jobs a busy query runs none, so jobs alone would look idle)."""
-        spark = self.replayer.spark
-        if not is_connect(spark) and spark.sparkContext.statusTracker().getActiveJobsIds():
-            return True  # a Spark Connect client sees no jobs, only its queries' status
-        for query in spark.streams.active:
-            status = query.status
-            if status.get("isTriggerActive") or status.get("isDataAvailable"):
-                return True
-        return False
-
-    def _yield_to_other_jobs(self) -> None:
-        """Wait, bounded, until the application runs no Spark job, so the replay fills idle time.
-
-        Under FIFO a replay submitted while the production queries run takes the slots of the
-        jobs submitted after it; waiting for a moment without jobs (between micro-batches) keeps
-        it out of their way. The wait is at most ``yield_factor`` times the last replay, so where
-        the application never idles the audit still advances, using about a tenth of the time.
-        Nothing to wait for after the audited run stopped, or where Spark gives no job status.
-        """
-        if self.yield_factor <= 0 or self._finishing():
-            return
-        budget = self.yield_factor * self._last_replay_seconds
-        deadline = time.monotonic() + min(_YIELD_MAX_SECONDS, max(_YIELD_MIN_SECONDS, budget))
-        started = time.monotonic()
-        try:
-            while self._application_busy() and time.monotonic() < deadline:
-                if self._stop.wait(_YIELD_POLL_SECONDS):
-                    break
-        except Exception:  # noqa: BLE001 - no status to wait on: replay right away
-            return
-        finally:
-            with self._lock:
-                self._counters.yield_seconds += time.monotonic() - started
+            self._counters.waiting_for_slot = not free
+        return free
 
     def _progress_may_come(self, batch_id: int) -> bool:
         if self._stop.is_set():
@@ -789,39 +565,6 @@ class Auditor:
         self._check_jump(batch_id)
         with self._audited_cond:
             self._done.add(batch_id)
-            c = self._counters
-            c.batches_audited += 1
-            c.late_rows += found.total
-            c.kept_behind_watermark += found.kept_behind_watermark or 0
-            for count in found.by_input:
-                if count.payload_missing is not None:
-                    c.rows_without_payload += count.rows or 0
-                    continue
-                key = (count.operator_index, count.kind, count.side)
-                c.by_operator[key] = c.by_operator.get(key, 0) + (count.rows or 0)
-            if found.over_cap:
-                c.batches_over_cap += 1
-                c.late_rows_over_cap += found.over_cap
-            if found.replayed:
-                c.batches_replayed += 1
-            else:
-                c.batches_skipped += 1
-            c.last_audited_batch = (
-                batch_id if c.last_audited_batch is None else max(c.last_audited_batch, batch_id)
-            )
+            self._counters.add_batch(batch_id, found)
             self._audited_cond.notify_all()
 
-
-def _task_slots(spark: Any) -> tuple[int, int] | None:
-    """(task slots of the application, tasks running now); None where Spark does not say."""
-    if is_connect(spark):
-        return None
-    try:
-        tracker = spark.sparkContext.statusTracker()
-        running = 0
-        for stage_id in tracker.getActiveStageIds():
-            info = tracker.getStageInfo(stage_id)
-            running += info.numActiveTasks if info is not None else 0
-        return int(spark.sparkContext.defaultParallelism), running
-    except Exception:  # noqa: BLE001 - unknown: the replay waits
-        return None

@@ -5,9 +5,10 @@ A Connect client has no JVM: the query's plan is its ``explain(True)`` text (the
 plans, whose leaves stand in the order of the query's sources), the checkpoint's root is named in
 its stateful operators' ``state info``, each source's position comes from the progress's source
 descriptions, and the events DataFrame's source (format, options, paths) is read off the client's
-own plan objects. The checkpoint lives where the server sees it, which the client may not, so
-:class:`SessionFileSystem` lists it through a file index (no Spark job) and reads its small
-files with one bounded Spark job each, caching what never changes.
+own plan objects (:func:`streaming_relation`; each kind of source reads its own, in
+:mod:`wmwatch._audit.sources`). The checkpoint lives where the server sees it, which the client
+may not, so :class:`SessionFileSystem` lists it through a file index (no Spark job) and reads its
+small files with one bounded Spark job each, caching what never changes.
 """
 
 from __future__ import annotations
@@ -19,14 +20,6 @@ from collections import OrderedDict
 from typing import Any
 
 from wmwatch._audit.checkpoint import normalise_path
-from wmwatch._audit.kafkasource import KafkaSourceSpec, is_kafka_format
-from wmwatch._audit.pysource import PythonSourceSpec
-from wmwatch._audit.source import (
-    _FORMATS_BY_CLASS,
-    SUPPORTED_FORMATS,
-    FileSourceSpec,
-    require_prepare,
-)
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 from wmwatch._plantext import explain_text
@@ -35,7 +28,6 @@ _ANALYZED = "== Analyzed Logical Plan =="
 _OPTIMIZED = "== Optimized Logical Plan =="
 _STATE_CHECKPOINT = re.compile(r"state info \[ checkpoint = (\S+?)/state,")
 _COMPLETE_MODE = re.compile(r"StateStoreSave\b[^\n]*\bComplete\b")
-_FILE_SOURCE = re.compile(r"^FileStreamSource\[(.*)\]$")
 # a checkpoint's small files that never change once written (offsets and the sources log)
 _IMMUTABLE = re.compile(r"/(offsets|sources/\d+)/\d+(\.compact)?$")
 # the cache's bounds: a compacted source log lists every file the stream ever read, so one
@@ -53,8 +45,6 @@ class ConnectQuery:
         self._query = query
         self.text = ""
         self.plan_text = ""
-        # each events DataFrame's source, read off the client's plan (id of the DataFrame)
-        self.sources: dict[int, FileSourceSpec | PythonSourceSpec | KafkaSourceSpec] = {}
 
     def planned(self) -> bool:
         """Whether the query has planned a batch; reads its plans the first time it has."""
@@ -93,17 +83,6 @@ class ConnectQuery:
         return [str(s.get("description", "")) for s in progress.get("sources", [])]
 
 
-def file_positions(descriptions: list[str], source: FileSourceSpec) -> list[int]:
-    """The positions of the sources whose progress description names ``source``'s paths."""
-    wanted = {normalise_path(p) for p in source.paths}
-    found = []
-    for index, description in enumerate(descriptions):
-        match = _FILE_SOURCE.match(description)
-        if match and normalise_path(match.group(1)) in wanted:
-            found.append(index)
-    return found
-
-
 def _children(node: Any) -> list[Any]:
     from pyspark.sql.connect.plan import LogicalPlan
 
@@ -136,105 +115,11 @@ def streaming_relation(events: Any) -> Any:
     return relations[0]
 
 
-def _relation_schema_json(events: Any, relation: Any) -> str:
+def relation_schema_json(events: Any, relation: Any) -> str:
     """The source's own schema, as the server resolves it."""
     from pyspark.sql.connect.dataframe import DataFrame
 
     return str(DataFrame(relation, events.sparkSession).schema.json())
-
-
-def is_file_format(relation: Any) -> bool:
-    fmt = (relation._format or "parquet").rsplit(".", 1)[-1].lower()
-    return _FORMATS_BY_CLASS.get(fmt, fmt) in SUPPORTED_FORMATS
-
-
-def file_source_of(events: Any, relation: Any, *, has_prepare: bool) -> FileSourceSpec:
-    """The file source a Connect events DataFrame reads, from the client's plan objects."""
-    from pyspark.sql.connect.plan import DataSource, WithWatermark
-
-    fmt = (relation._format or "parquet").rsplit(".", 1)[-1].lower()
-    short = _FORMATS_BY_CLASS.get(fmt, fmt)
-    options = dict(relation._options or {})
-    clean = options.get("cleanSource", "off").lower()
-    if clean != "off":
-        raise UnsupportedSourceError(
-            f"the file source moves or deletes its files (cleanSource={clean}), so batches cannot "
-            "be read again; turn cleanSource off to audit this query."
-        )
-    paths = tuple(relation._paths or ())
-    if not paths and "path" in options:
-        paths = (options["path"],)
-    if not has_prepare:
-        require_prepare(
-            type(n).__name__
-            for n in _walk(events._plan)
-            if not isinstance(n, (WithWatermark, DataSource))
-        )
-    return FileSourceSpec(
-        format=short,
-        schema_json=_relation_schema_json(events, relation),
-        options=options,
-        paths=paths,
-    )
-
-
-def source_of(
-    events: Any, *, has_prepare: bool
-) -> FileSourceSpec | PythonSourceSpec | KafkaSourceSpec:
-    """The source a Connect events DataFrame reads: a file source, Kafka or a Python data
-    source."""
-    relation = streaming_relation(events)
-    if is_file_format(relation):
-        return file_source_of(events, relation, has_prepare=has_prepare)
-    if is_kafka_format(relation._format):
-        return kafka_source_of(events, relation)
-    return python_source_of(events, relation)
-
-
-def kafka_source_of(events: Any, relation: Any) -> KafkaSourceSpec:
-    """The Kafka source a Connect events DataFrame reads: the options the client gave it (they
-    stay in memory: security settings among them) and its schema, from the server."""
-    return KafkaSourceSpec(
-        options=dict(relation._options or {}),
-        schema_json=_relation_schema_json(events, relation),
-    )
-
-
-def _data_source_classes() -> list[Any]:
-    from pyspark.sql.datasource import DataSource
-
-    found: list[Any] = []
-    pending = list(DataSource.__subclasses__())
-    while pending:
-        cls = pending.pop()
-        found.append(cls)
-        pending.extend(cls.__subclasses__())
-    return found
-
-
-def python_source_of(events: Any, relation: Any) -> PythonSourceSpec:
-    """The Python data source a Connect events DataFrame reads. The server's registry is out
-    of a client's reach, but the class the client registered is defined in this process."""
-    name = str(relation._format)
-    matches = []
-    for cls in _data_source_classes():
-        try:
-            if cls.name() == name:
-                matches.append(cls)
-        except Exception:  # noqa: BLE001, S112 - a class whose name() needs more than the class
-            continue
-    if len(matches) != 1:
-        raise UnsupportedSourceError(
-            f"events reads {name!r}, which is neither a file source "
-            f"({', '.join(SUPPORTED_FORMATS)}) nor a Python data source defined in this process "
-            f"({len(matches)} classes named so); on Spark Connect the audit replays those only."
-        )
-    return PythonSourceSpec(
-        name=name,
-        options=dict(relation._options or {}),
-        schema_json=_relation_schema_json(events, relation),
-        data_source=matches[0],
-    )
 
 
 class TextCache:

@@ -9,10 +9,11 @@ the batch's plan. The batch's columns are renamed to the leaf's attributes (same
 expression ids, through a ``Project`` of ``Alias``es) so that every parent's references still
 resolve; ``EventTimeWatermark`` is left out (a batch has no watermark: a batch Dataset's own
 ``withWatermark`` is dropped by the analyser too). Columns the audit attaches to the raw rows
-(:data:`~wmwatch._audit.source.SOURCE_FILE_COL`) are carried through every projection above.
+(:data:`~wmwatch._audit.sources.base.SOURCE_FILE_COL`) are carried through every projection above.
 
-Every kind of source uses this one module: whatever a :class:`~wmwatch._audit.source.BatchSource`
-reads (files, a Python data source, a JVM stream, Kafka) is its input.
+Every kind of source uses this one module: whatever a
+:class:`~wmwatch._audit.sources.base.BatchSource` reads (files, a Python data source, a JVM
+stream, Kafka, Delta) is its input.
 
 What cannot be replayed is refused at the start, with the reason: a non-deterministic
 expression (``rand()``, ``uuid()``, ``monotonically_increasing_id()``), one whose value is the

@@ -415,7 +415,7 @@ def read_top_rows(
     """
     from pyspark.sql import functions as F
 
-    from wmwatch._audit.source import SOURCE_POSITION_COL
+    from wmwatch._audit.sources.base import SOURCE_POSITION_COL
     from wmwatch._core.spark_jobs import bounded_job
 
     found: list[tuple[Any, ...]] = []

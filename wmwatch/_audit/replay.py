@@ -28,7 +28,7 @@ from wmwatch._audit.sinks import (
     LateRow,
     local_path,
 )
-from wmwatch._audit.source import ATTACHED_COLUMNS, SOURCE_FILE_COL, BatchSource
+from wmwatch._audit.sources.base import ATTACHED_COLUMNS, SOURCE_FILE_COL, BatchSource
 from wmwatch._core.sessions import is_connect
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError, ConfigError

@@ -39,7 +39,7 @@ from wmwatch._audit.plan import apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
 from wmwatch._audit.replay import Replayer, ReplayInput
 from wmwatch._audit.sidecar_history import SidecarHistory
-from wmwatch._audit.source import FileBatchSource
+from wmwatch._audit.sources.files import FileBatchSource
 from wmwatch._audit.start import (
     _COMPLETE_MODE,
     DEFAULT_JOB_TIMEOUT_SECONDS,
@@ -297,7 +297,7 @@ def start_sidecar(
         slide=slide,
     )
     _check_source_count(reader, len(plan.inputs))
-    inputs = _replay_inputs(spark, plan, plan_text, query_plan, frames, prepares)
+    inputs = _replay_inputs(spark, plan, plan_text, query_plan, frames, prepares, {})
     _check_file_sources(reader, inputs)
     query_name = clean_name(name)
     label = query_label(query_name, query_id)
@@ -341,11 +341,11 @@ def start_sidecar(
         poll_interval_seconds=poll_interval_seconds,
         # no progress: every committed batch that read data is replayed
         progress_min_covers_inputs=False,
+        # no production job runs in this application to yield to
+        yield_factor=0.0,
     )
-    # no progress will come to wait for, and no production job runs in this application to
-    # yield to
+    # no progress will come to wait for
     auditor.progress_grace_seconds = 0.0
-    auditor.yield_factor = 0.0
     if store is not None:
         _record_query(store, query_id, query_name)
     audit_plugin(watch).add(auditor)

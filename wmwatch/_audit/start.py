@@ -6,14 +6,13 @@ what the caller gets back.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from wmwatch._audit import connect
+from wmwatch._audit import connect, sources
 from wmwatch._audit.auditor import Auditor, Resolved
 from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root
-from wmwatch._audit.deltasource import DeltaBatchSource, delta_source_of, is_delta_source
 from wmwatch._audit.events_replay import as_written
 from wmwatch._audit.jumps import (
     DEFAULT_AHEAD_SECONDS,
@@ -22,40 +21,16 @@ from wmwatch._audit.jumps import (
     JumpWatch,
     Thresholds,
 )
-from wmwatch._audit.jvmsource import JvmStreamBatchSource, stream_of
-from wmwatch._audit.kafkasource import (
-    KafkaBatchSource,
-    KafkaSourceSpec,
-    is_kafka_source,
-    kafka_positions,
-    kafka_source_of,
-)
 from wmwatch._audit.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
 from wmwatch._audit.predicates import JOIN, OperatorSpec
-from wmwatch._audit.pysource import (
-    PythonBatchSource,
-    PythonSourceSpec,
-    is_python_source,
-    python_source_of,
-)
 from wmwatch._audit.replay import Replayer, ReplayInput
 from wmwatch._audit.sinks import AuditHistory
-from wmwatch._audit.source import (
-    BatchSource,
-    FileBatchSource,
-    FileSourceSpec,
-    UnreplayableSource,
-    file_source_of,
-    relation_of,
-    relation_position,
-    source_indexes,
-)
+from wmwatch._audit.sources.base import ConnectFound, Found
 from wmwatch._core.plugins import HistoryAccess, WatchContext
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 from wmwatch._progress import clean_name, query_label
-from wmwatch._text import redact
 from wmwatch._trigger import read_trigger
 
 SINKS = ("duckdb", "parquet")
@@ -124,88 +99,19 @@ def _watermarked_column(events: Any) -> str | None:
 
 
 def _source_of(
-    spark: Any, frame: Any, query_plan: Any, plan_text: str
-) -> tuple[list[int], Callable[[int], BatchSource], str]:
+    spark: Any,
+    frame: Any,
+    query_plan: Any,
+    plan_text: str,
+    connect_sources: Mapping[int, ConnectFound],
+) -> Found:
     """Where the source ``frame`` reads sits in the query (candidate source indexes), how to
-    read it again given its index, and a name for messages. On classic PySpark whatever
-    ``frame`` does to its source is replayed as written (:mod:`wmwatch._audit.events_replay`)."""
+    read it again given its index, and a name for messages (:mod:`wmwatch._audit.sources`). On
+    Spark Connect the source was read off the client's plan when the audit started; its position
+    comes from the query's progress (a query with one source needs none)."""
     if isinstance(query_plan, connect.ConnectQuery):
-        return _connect_source_of(frame, query_plan)
-    relation = relation_of(frame)
-    positions = relation_position(query_plan, relation) if query_plan is not None else []
-    if is_python_source(relation):
-        spec = python_source_of(spark, relation)
-        return positions, _python_source_at(spec), f"source {spec.name!r}"
-    if is_kafka_source(relation):
-        kafka = kafka_source_of(relation)
-        return positions, lambda index: KafkaBatchSource(kafka, index), kafka.description
-    if is_delta_source(relation):
-        delta = delta_source_of(spark, frame, relation, has_prepare=True)
-        return (
-            positions,
-            lambda index: DeltaBatchSource(delta, index, spark),
-            f"Delta table {delta.path}",
-        )
-    stream = stream_of(spark, relation)
-    if stream is not None:
-        schema_json = str(relation.schema().json())
-        what = str(stream.toString())[:200]
-        return (
-            positions,
-            lambda index: JvmStreamBatchSource(stream, schema_json, index, what),
-            f"stream {what}",
-        )
-    files = file_source_of(spark, frame, has_prepare=True)
-    return (
-        positions or source_indexes(plan_text, files),
-        _file_source_at(files),
-        ", ".join(files.paths),
-    )
-
-
-def _unreplayable(
-    frame: Any, query_plan: Any, exc: UnsupportedSourceError
-) -> tuple[list[int], Callable[[int], BatchSource], str]:
-    """A source the audit cannot read again (classic PySpark, where its position is known)."""
-    if query_plan is None or isinstance(query_plan, connect.ConnectQuery):
-        raise exc
-    relation = relation_of(frame)
-    reason = redact(str(exc).split(";", 1)[0])
-    return (
-        relation_position(query_plan, relation),
-        lambda index: UnreplayableSource(index, reason),
-        f"a source that cannot be read again ({reason})",
-    )
-
-
-def _file_source_at(files: FileSourceSpec) -> Callable[[int], BatchSource]:
-    return lambda index: FileBatchSource(replace(files, source_index=index))
-
-
-def _python_source_at(spec: PythonSourceSpec) -> Callable[[int], BatchSource]:
-    return lambda index: PythonBatchSource(spec, index)
-
-
-def _connect_source_of(
-    frame: Any, query: connect.ConnectQuery
-) -> tuple[list[int], Callable[[int], BatchSource], str]:
-    """Spark Connect: the source read off the client's plan objects when the audit started, its
-    position from the progress's source descriptions (a query with one source needs none)."""
-    spec = query.sources[id(frame)]
-    descriptions = query.source_descriptions()
-    if isinstance(spec, FileSourceSpec):
-        positions = connect.file_positions(descriptions, spec)
-        if not positions and len(descriptions) <= 1:
-            positions = [0]
-        return positions, _file_source_at(spec), ", ".join(spec.paths)
-    if isinstance(spec, KafkaSourceSpec):
-        kafka = spec
-        positions = kafka_positions(descriptions, kafka)
-        if not positions and len(descriptions) <= 1:
-            positions = [0]
-        return positions, lambda index: KafkaBatchSource(kafka, index), kafka.description
-    positions = [i for i, d in enumerate(descriptions) if not d.startswith("FileStreamSource[")]
-    return positions or [0], _python_source_at(spec), f"source {spec.name!r}"
+        return connect_sources[id(frame)](query_plan.source_descriptions())
+    return sources.source_of(spark, frame, query_plan, plan_text)
 
 
 def _replay_inputs(
@@ -215,6 +121,7 @@ def _replay_inputs(
     query_plan: Any,
     events: list[Any],
     prepares: list[Callable[[Any], Any] | None],
+    connect_sources: Mapping[int, ConnectFound],
 ) -> list[ReplayInput]:
     """Match each events DataFrame to the query's source it reads and that source's rule."""
     by_index = {i.source_index: i for i in plan.inputs}
@@ -223,17 +130,19 @@ def _replay_inputs(
     for position, (frame, prepare) in enumerate(zip(events, prepares, strict=True)):
         replayable = True
         try:
-            found, make_source, what = _source_of(spark, frame, query_plan, plan_text)
+            found = _source_of(spark, frame, query_plan, plan_text, connect_sources)
         except UnsupportedSourceError as exc:
+            if query_plan is None or isinstance(query_plan, connect.ConnectQuery):
+                raise
             # audited without its rows: what Spark dropped from it is counted from progress
-            found, make_source, what = _unreplayable(frame, query_plan, exc)
+            found = sources.unreplayable(frame, query_plan, exc)
             replayable = False
-        candidates = [i for i in found if i not in taken]
+        candidates = [i for i in found.positions if i not in taken]
         if not candidates:
             raise AuditError(
-                f"events[{position}] reads {what}, which the query does not read (or another "
-                "events DataFrame already stands for it); pass the streaming DataFrames the "
-                "query reads."
+                f"events[{position}] reads {found.description}, which the query does not read "
+                "(or another events DataFrame already stands for it); pass the streaming "
+                "DataFrames the query reads."
             )
         index = candidates[0]
         taken.add(index)
@@ -253,7 +162,7 @@ def _replay_inputs(
             prepare = as_written(spark, frame)
         inputs.append(
             ReplayInput(
-                source=make_source(index),
+                source=found.at(index),
                 spec=spec,
                 prepare=prepare,
                 join_keys=planned.join_keys,
@@ -304,14 +213,10 @@ def _connect_resolver(
     timeout_seconds: float,
     resolved: Callable[[Any, str, CheckpointReader], Resolved],
 ) -> Callable[[], Resolved | None]:
-    """Spark Connect: the sources are read off the events DataFrames now (their errors raise
-    here); the plan, the checkpoint root and the sources' positions once the query has planned
-    a batch. The checkpoint is read through the server, which sees its filesystem; the client
-    may not, or may see another folder at the same path."""
+    """Spark Connect: the plan, the checkpoint root and the sources' positions once the query
+    has planned a batch. The checkpoint is read through the server, which sees its filesystem;
+    the client may not, or may see another folder at the same path."""
     known = connect.ConnectQuery(query)
-    for frame in frames:
-        # each events DataFrame comes with a prepare (its own, or events as written)
-        known.sources[id(frame)] = connect.source_of(frame, has_prepare=True)
     files = connect.SessionFileSystem(spark, timeout_seconds=timeout_seconds)
 
     def resolve() -> Resolved | None:
@@ -406,6 +311,8 @@ def start_audit(
     thresholds = Thresholds(
         ahead_seconds=watermark_ahead_seconds, jump_seconds=watermark_jump_seconds
     )
+    # Spark Connect: each events DataFrame's source, read off the client's plan
+    connect_sources: dict[int, ConnectFound] = {}
 
     def resolved(query_plan: Any, plan_text: str, reader: CheckpointReader) -> Resolved:
         plan = apply_overrides(
@@ -416,7 +323,9 @@ def start_audit(
             window=window,
             slide=slide,
         )
-        inputs = _replay_inputs(spark, plan, plan_text, query_plan, frames, prepares)
+        inputs = _replay_inputs(
+            spark, plan, plan_text, query_plan, frames, prepares, connect_sources
+        )
         return Resolved(reader, inputs, progress_min_covers_inputs=plan.watermark_nodes <= 1)
 
     resolve: Callable[[], Resolved | None] | None = None
@@ -427,6 +336,8 @@ def start_audit(
             p if p is not None else as_written(spark, f)
             for f, p in zip(frames, prepares, strict=True)
         ]
+        # each events DataFrame's source, read off the client's plan now (its errors raise here)
+        connect_sources.update((id(f), sources.connect_source_of(f)) for f in frames)
         resolve = _connect_resolver(spark, query, frames, checkpoint, job_timeout_seconds, resolved)
         now = resolve()
         # a query that has not planned a batch yet is resolved by the audit's thread once it

@@ -36,13 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wmwatch._audit.checkpoint import CheckpointEntryGone, CheckpointReader, parse_offset_json
-from wmwatch._audit.source import (
-    SOURCE_FILE_COL,
-    _plan_nodes,
-    _scala_map,
-    _scala_seq,
-    require_prepare,
-)
+from wmwatch._audit.sources.base import SOURCE_FILE_COL, Found, SourceKind, scala_map, scala_seq
 from wmwatch._errors import AuditError, UnsupportedSourceError
 from wmwatch._text import first_line
 
@@ -212,23 +206,24 @@ def is_delta_source(relation: Any) -> bool:
     return name == "delta" or name.endswith("deltadatasource")
 
 
-def delta_source_of(
-    spark: Any, events: Any, relation: Any, *, has_prepare: bool
-) -> DeltaSourceSpec:
-    """The Delta source ``events`` reads, from its logical plan (classic PySpark only)."""
+def delta_source_of(spark: Any, relation: Any) -> DeltaSourceSpec:
+    """The Delta source a streaming relation reads, from its logical plan (classic PySpark
+    only)."""
     ds = relation.dataSource()
-    spec = delta_spec_of(
-        _scala_map(spark, ds.options()),
-        _scala_seq(spark, ds.paths()),
+    return delta_spec_of(
+        scala_map(spark, ds.options()),
+        scala_seq(spark, ds.paths()),
         str(relation.schema().json()),
     )
-    if not has_prepare:
-        require_prepare(
-            str(n.nodeName())
-            for n in _plan_nodes(events._jdf.queryExecution().analyzed())
-            if str(n.nodeName()) not in ("EventTimeWatermark", "StreamingRelation")
-        )
-    return spec
+
+
+def _found(
+    spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str
+) -> Found:
+    delta = delta_source_of(spark, relation)
+    return Found(
+        positions, lambda index: DeltaBatchSource(delta, index, spark), f"Delta table {delta.path}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,3 +448,11 @@ def stream_columns(fields: Iterable[Any], present: set[str]) -> list[Any]:
         F.col(f"`{f.name}`") if f.name in present else F.lit(None).cast(f.dataType).alias(f.name)
         for f in fields
     ]
+
+
+# Delta on Spark Connect is not read: its log and files are reached through the driver's JVM
+KIND = SourceKind(
+    name="delta",
+    matches=lambda spark, relation: is_delta_source(relation),
+    found=_found,
+)

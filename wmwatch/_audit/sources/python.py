@@ -11,7 +11,8 @@ rows are read by executors, never collected in the driver. The first batch start
 reader's ``initialOffset()``.
 
 The user's ``DataSource`` class is taken from the session's data source registry, where
-``spark.dataSource.register`` put it (pickled).
+``spark.dataSource.register`` put it (pickled); on Spark Connect, whose server registry is out of
+the client's reach, from the classes defined in the client's process.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ import hashlib
 import json
 import pickle
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from wmwatch._audit.checkpoint import CheckpointReader, logged_offsets, parse_offset_json
+from wmwatch._audit.connect import relation_schema_json
+from wmwatch._audit.sources.base import ConnectFound, Found, SourceKind
+from wmwatch._audit.sources.files import SUPPORTED_FORMATS
 from wmwatch._errors import UnsupportedSourceError
 
 _START = "wmwatch.replay.start"
@@ -194,3 +198,78 @@ class PythonBatchSource:
     def read(self, spark: Any, what: Any) -> Any:
         start, end = what
         return read_batch(spark, self.spec, start, end)
+
+
+def _at(spec: PythonSourceSpec, positions: list[int]) -> Found:
+    return Found(positions, lambda index: PythonBatchSource(spec, index), f"source {spec.name!r}")
+
+
+def _found(
+    spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str
+) -> Found:
+    return _at(python_source_of(spark, relation), positions)
+
+
+# -- Spark Connect: the client's plan objects ---------------------------------------------------
+
+
+def _data_source_classes() -> list[Any]:
+    from pyspark.sql.datasource import DataSource
+
+    found: list[Any] = []
+    pending = list(DataSource.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def connect_python_source_of(events: Any, relation: Any) -> PythonSourceSpec:
+    """The Python data source a Connect events DataFrame reads. The server's registry is out
+    of a client's reach, but the class the client registered is defined in this process."""
+    name = str(relation._format)
+    matches = []
+    for cls in _data_source_classes():
+        try:
+            if cls.name() == name:
+                matches.append(cls)
+        except Exception:  # noqa: BLE001, S112 - a class whose name() needs more than the class
+            continue
+    if len(matches) != 1:
+        raise UnsupportedSourceError(
+            f"events reads {name!r}, which is neither a file source "
+            f"({', '.join(SUPPORTED_FORMATS)}) nor a Python data source defined in this process "
+            f"({len(matches)} classes named so); on Spark Connect the audit replays those only."
+        )
+    return PythonSourceSpec(
+        name=name,
+        options=dict(relation._options or {}),
+        schema_json=relation_schema_json(events, relation),
+        data_source=matches[0],
+    )
+
+
+def _connect_found(events: Any, relation: Any) -> ConnectFound:
+    spec = connect_python_source_of(events, relation)
+
+    def found(descriptions: Sequence[str]) -> Found:
+        positions = [i for i, d in enumerate(descriptions) if not d.startswith("FileStreamSource[")]
+        return _at(spec, positions or [0])
+
+    return found
+
+
+def _any_format(relation: Any) -> bool:
+    """On Spark Connect, a format no kind before this one claims names a Python data source
+    (or none the audit reads: :func:`connect_python_source_of` then says so)."""
+    return True
+
+
+KIND = SourceKind(
+    name="python",
+    matches=lambda spark, relation: is_python_source(relation),
+    found=_found,
+    connect_matches=_any_format,
+    connect_found=_connect_found,
+)

@@ -35,7 +35,14 @@ from wmwatch._audit.checkpoint import (
     logged_offsets,
     parse_offset_json,
 )
-from wmwatch._audit.source import SOURCE_FILE_COL, SOURCE_POSITION_COL
+from wmwatch._audit.connect import relation_schema_json
+from wmwatch._audit.sources.base import (
+    SOURCE_FILE_COL,
+    SOURCE_POSITION_COL,
+    ConnectFound,
+    Found,
+    SourceKind,
+)
 from wmwatch._core.sessions import is_connect
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError
@@ -116,9 +123,43 @@ def kafka_source_of(relation: Any) -> KafkaSourceSpec:
     return KafkaSourceSpec(options=options, schema_json=str(relation.schema().json()))
 
 
+def _at(kafka: KafkaSourceSpec, positions: list[int]) -> Found:
+    return Found(positions, lambda index: KafkaBatchSource(kafka, index), kafka.description)
+
+
+def _found(
+    spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str
+) -> Found:
+    return _at(kafka_source_of(relation), positions)
+
+
+# -- Spark Connect: the client's plan objects ---------------------------------------------------
+
+
 def is_kafka_format(name: str | None) -> bool:
     """Whether a reader's format name (a Connect client's plan) is Spark's Kafka source."""
     return (name or "").lower() in ("kafka", "org.apache.spark.sql.kafka010.kafkasourceprovider")
+
+
+def connect_kafka_source_of(events: Any, relation: Any) -> KafkaSourceSpec:
+    """The Kafka source a Connect events DataFrame reads: the options the client gave it (they
+    stay in memory: security settings among them) and its schema, from the server."""
+    return KafkaSourceSpec(
+        options=dict(relation._options or {}),
+        schema_json=relation_schema_json(events, relation),
+    )
+
+
+def _connect_found(events: Any, relation: Any) -> ConnectFound:
+    kafka = connect_kafka_source_of(events, relation)
+
+    def found(descriptions: Sequence[str]) -> Found:
+        positions = kafka_positions(descriptions, kafka)
+        if not positions and len(descriptions) <= 1:
+            positions = [0]
+        return _at(kafka, positions)
+
+    return found
 
 
 def kafka_positions(descriptions: Sequence[str], spec: KafkaSourceSpec) -> list[int]:
@@ -361,3 +402,12 @@ def _offsets_json(ranges: Mapping[str, Mapping[int, tuple[int, int]]], end: int)
     return json.dumps(
         {t: {str(p): r[end] for p, r in sorted(parts.items())} for t, parts in ranges.items()}
     )
+
+
+KIND = SourceKind(
+    name="kafka",
+    matches=lambda spark, relation: is_kafka_source(relation),
+    found=_found,
+    connect_matches=lambda relation: is_kafka_format(relation._format),
+    connect_found=_connect_found,
+)

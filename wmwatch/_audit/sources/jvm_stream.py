@@ -12,8 +12,8 @@ offset is the one the batch reached when its interval ended).
 The stream object is the one the query reads. Here that is a memory stream the session holds
 (``LowLatencyMemoryStream``, the real-time source that runs without a broker; its table hands
 out the stream). Kafka's stream is made per query from its options and checkpoint, so it is not
-reachable this way: docs/audit-sources.md describes its replay, the same offsets given to a
-batch read as ``startingOffsets``/``endingOffsets``.
+reachable this way: :mod:`wmwatch._audit.sources.kafka` reads its batches again, the same
+offsets given to a batch read as ``startingOffsets``/``endingOffsets``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wmwatch._audit.checkpoint import CheckpointReader, logged_offsets
-from wmwatch._audit.source import SOURCE_FILE_COL
+from wmwatch._audit.sources.base import SOURCE_FILE_COL, Found, SourceKind
+from wmwatch._errors import UnsupportedSourceError
+from wmwatch._text import first_line
 
 # the stream interface whose planInputPartitions(start, end) is the batch-restart contract
 _MICRO_BATCH_STREAM = "org.apache.spark.sql.connector.read.streaming.MicroBatchStream"
@@ -49,6 +51,24 @@ def stream_of(spark: Any, relation: Any) -> Any | None:
         return stream if micro_batch.isInstance(stream) else None
     except Exception:  # noqa: BLE001 - not a V2 stream the audit can read again
         return None
+
+
+def _found(
+    spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str
+) -> Found:
+    stream = stream_of(spark, relation)
+    if stream is None:  # matched a moment ago: its table no longer holds that stream
+        raise UnsupportedSourceError(
+            f"events reads {first_line(str(relation.toString()), 120)}, whose stream cannot be "
+            "read again."
+        )
+    schema_json = str(relation.schema().json())
+    what = str(stream.toString())[:200]
+    return Found(
+        positions,
+        lambda index: JvmStreamBatchSource(stream, schema_json, index, what),
+        f"stream {what}",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,3 +115,10 @@ class JvmStreamBatchSource:
         schema = jvm.org.apache.spark.sql.types.DataType.fromJson(self.schema_json)
         frame = DataFrame(spark._jsparkSession.internalCreateDataFrame(rdd, schema, False), spark)
         return frame.withColumn(SOURCE_FILE_COL, F.lit(None).cast("string"))
+
+
+KIND = SourceKind(
+    name="jvm_stream",
+    matches=lambda spark, relation: stream_of(spark, relation) is not None,
+    found=_found,
+)
