@@ -1,7 +1,7 @@
 """One running audit of one query: its own thread, the loop over committed batches, progress
 notes, status, ``sync`` and ``stop``.
 
-Design (chosen over a side streaming query, see the README): after the production query commits
+Design (chosen over a side streaming query, see docs/audit.md): after the production query commits
 batch N, replay exactly N's input and apply N's late-row rule in Spark.
 
 - *Which rows*: the files batch N read, from the production checkpoint (offsets + the file
