@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers import write_events
 from tests.test_audit_spark import assert_windows_balance, batch_window_counts, stream_files
-from wmwatch._audit.checkpoint import CheckpointReader
+from wmwatch._checkpoint import CheckpointReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -38,7 +38,7 @@ from tests.test_audit_spark import (
     final_watermark_ms,
     stream_files,
 )
-from wmwatch._audit.checkpoint import CheckpointReader
+from wmwatch._checkpoint import CheckpointReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.delta]
 

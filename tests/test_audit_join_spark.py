@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 import wmwatch
 from tests.helpers import write_events
-from wmwatch._audit.checkpoint import CheckpointReader
+from wmwatch._checkpoint import CheckpointReader
 
 pytestmark = pytest.mark.spark
 

@@ -15,7 +15,6 @@ import pytest
 from rich.console import Console
 
 from tests.test_store import progress
-from wmwatch._audit.checkpoint import CheckpointReader
 from wmwatch._audit.jumps import (
     BatchTimes,
     JumpHistory,
@@ -29,6 +28,7 @@ from wmwatch._audit.jumps import (
     top_rows_of,
 )
 from wmwatch._audit.sinks import BatchLateRows, _batch_writer
+from wmwatch._checkpoint import CheckpointReader
 from wmwatch._errors import ConfigError
 from wmwatch._report.build import build_report
 from wmwatch._report.reading import open_history

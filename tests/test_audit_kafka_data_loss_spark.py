@@ -77,7 +77,7 @@ def test_kafka_records_deleted_with_fail_on_data_loss_false_are_counted_lost(
     from prometheus_client import CollectorRegistry
 
     import wmwatch
-    from wmwatch._audit.checkpoint import CheckpointReader
+    from wmwatch._checkpoint import CheckpointReader
 
     topic = new_topic(kafka)
     records = [

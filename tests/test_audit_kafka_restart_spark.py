@@ -23,7 +23,7 @@ import pytest
 
 from tests.test_audit_crash import _status_lines, _wait_for_status
 from tests.test_audit_kafka_spark import PARTITIONS, event_stream, new_topic, produce, ts
-from wmwatch._audit.checkpoint import CheckpointReader
+from wmwatch._checkpoint import CheckpointReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 

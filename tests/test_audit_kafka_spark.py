@@ -161,7 +161,7 @@ def run_kafka(
 
     import wmwatch
     from tests.test_audit_join_spark import late_rows_of
-    from wmwatch._audit.checkpoint import CheckpointReader
+    from wmwatch._checkpoint import CheckpointReader
 
     db = folder / "history.duckdb"
     registry = CollectorRegistry()

@@ -22,7 +22,6 @@ from pyspark.sql.datasource import (
 )
 
 import wmwatch
-from wmwatch._audit.checkpoint import CheckpointReader
 from wmwatch._audit.sources.base import relation_of
 from wmwatch._audit.sources.python import (
     PythonBatchSource,
@@ -30,6 +29,7 @@ from wmwatch._audit.sources.python import (
     python_source_of,
     read_batch,
 )
+from wmwatch._checkpoint import CheckpointReader
 from wmwatch._errors import AuditError, UnsupportedSourceError
 
 pytestmark = pytest.mark.spark

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 import wmwatch
 from tests.helpers import write_events
-from wmwatch._audit.checkpoint import (
+from wmwatch._checkpoint import (
     DEFAULT_MIN_BATCHES_TO_RETAIN,
     MIN_BATCHES_TO_RETAIN_KEY,
     CheckpointReader,

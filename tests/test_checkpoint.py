@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from wmwatch._audit.checkpoint import (
+from wmwatch._checkpoint import (
     CheckpointReader,
     files_for_log_range,
     local_root,

@@ -12,7 +12,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from wmwatch._audit.checkpoint import CheckpointReader
+from wmwatch._checkpoint import CheckpointReader
 from wmwatch._inspect.checkpoint_history import (
     CheckpointHistoryError,
     batches_to_count,

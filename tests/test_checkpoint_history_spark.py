@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests.helpers import write_events
-from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem
+from wmwatch._checkpoint import CheckpointReader, HadoopFileSystem
 from wmwatch._inspect.checkpoint_history import read_checkpoint
 from wmwatch.cli import app
 

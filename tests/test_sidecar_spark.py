@@ -36,7 +36,7 @@ from tests.sidecar_defs import IN_VARIABLE
 from tests.sidecar_driver import many_files
 from tests.test_audit_kafka_restart_spark import _progress, spark_dropped_by_batch
 from tests.test_sidecar_cli import fake_checkpoint, invoke
-from wmwatch._audit.checkpoint import CheckpointReader
+from wmwatch._checkpoint import CheckpointReader
 from wmwatch._errors import AuditError, ConfigError
 from wmwatch.cli import app
 

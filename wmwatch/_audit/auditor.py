@@ -5,7 +5,7 @@ Design (chosen over a side streaming query, see docs/audit.md): after the produc
 batch N, replay exactly N's input and apply N's late-row rule in Spark.
 
 - *Which rows*: the files batch N read, from the production checkpoint (offsets + the file
-  source's log, see :mod:`wmwatch._audit.checkpoint`); files are immutable, so re-reading
+  source's log, see :mod:`wmwatch._checkpoint`); files are immutable, so re-reading
   gives N's rows.
 - *Which rule*: the watermark in ``offsets/N-1`` (Spark's late-row filter in N uses the previous
   batch's watermark) and the operator's predicate (:mod:`wmwatch._audit.predicates`).
@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from wmwatch._audit.checkpoint import CheckpointEntryGone, CheckpointReader
 from wmwatch._audit.jumps import JumpWatch, TopRow, read_top_rows
 from wmwatch._audit.pacing import YIELD_FACTOR, IdleWait, SlotGate
 from wmwatch._audit.predicates import OperatorSpec, batch_may_have_late_rows
@@ -45,6 +44,7 @@ from wmwatch._audit.retention import Retention, log_lost
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows, InputCount, LateRow
 from wmwatch._audit.sources.base import UnreplayableSource
 from wmwatch._audit.status import AuditCounters, audit_status
+from wmwatch._checkpoint import CheckpointEntryGone, CheckpointReader
 from wmwatch._errors import AuditError
 from wmwatch._text import get_logger
 

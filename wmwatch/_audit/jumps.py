@@ -41,8 +41,8 @@ from wmwatch._text import clean, error_line, get_logger
 if TYPE_CHECKING:
     import duckdb
 
-    from wmwatch._audit.checkpoint import CheckpointReader
     from wmwatch._audit.replay import Replayer, ReplayInput
+    from wmwatch._checkpoint import CheckpointReader
     from wmwatch._core.plugins import HistoryAccess
 
 log = get_logger("wmwatch.audit")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from wmwatch._audit.checkpoint import (
+from wmwatch._checkpoint import (
     MIN_BATCHES_TO_RETAIN_KEY,
     CheckpointReader,
     batches_until_purge,

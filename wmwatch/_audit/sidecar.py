@@ -28,13 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from wmwatch._audit.auditor import Auditor
-from wmwatch._audit.checkpoint import (
-    CheckpointReader,
-    HadoopFileSystem,
-    local_root,
-    normalise_path,
-    parse_source_log,
-)
 from wmwatch._audit.plan import apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
 from wmwatch._audit.replay import Replayer, ReplayInput
@@ -49,6 +42,13 @@ from wmwatch._audit.start import (
     _as_list,
     _replay_inputs,
     checked_options,
+)
+from wmwatch._checkpoint import (
+    CheckpointReader,
+    HadoopFileSystem,
+    local_root,
+    normalise_path,
+    parse_source_log,
 )
 from wmwatch._core.plugins import HistoryAccess, WatchContext
 from wmwatch._core.sessions import is_connect

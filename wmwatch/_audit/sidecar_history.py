@@ -22,8 +22,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from wmwatch._audit.checkpoint import CheckpointReader, OffsetsEntry
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows
+from wmwatch._checkpoint import CheckpointReader, OffsetsEntry
 from wmwatch._core.plugins import HistoryAccess, Write
 from wmwatch._inspect.checkpoint_history import (
     CHECKPOINT_RUN_ID,

@@ -12,7 +12,6 @@ from typing import Any
 
 from wmwatch._audit import connect, sources
 from wmwatch._audit.auditor import Auditor, Resolved
-from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem, local_root
 from wmwatch._audit.events_replay import as_written
 from wmwatch._audit.jumps import (
     DEFAULT_AHEAD_SECONDS,
@@ -27,6 +26,7 @@ from wmwatch._audit.predicates import JOIN, OperatorSpec
 from wmwatch._audit.replay import Replayer, ReplayInput
 from wmwatch._audit.sinks import AuditHistory
 from wmwatch._audit.sources.base import ConnectFound, Found
+from wmwatch._checkpoint import CheckpointReader, HadoopFileSystem, local_root
 from wmwatch._core.plugins import HistoryAccess, WatchContext
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError

@@ -85,7 +85,7 @@ def checkpoint_history(
     works on the result. Reads the checkpoint only; never writes into it. Running it again
     replaces what it wrote before; batches a listener recorded are kept as they are.
     """
-    from wmwatch._audit.checkpoint import local_root
+    from wmwatch._checkpoint import local_root
 
     local = local_root(checkpoint)
     if local is not None and not os.path.isdir(local):
@@ -111,7 +111,7 @@ def checkpoint_history(
 
 
 def _read(checkpoint: str, local: str | None, spark_for: Any) -> CheckpointHistory:
-    from wmwatch._audit.checkpoint import CheckpointReader, HadoopFileSystem
+    from wmwatch._checkpoint import CheckpointReader, HadoopFileSystem
     from wmwatch._errors import WmwatchError
     from wmwatch._inspect.checkpoint_history import read_checkpoint
     from wmwatch._text import error_line

@@ -112,8 +112,8 @@ def sidecar(
     watch.audit(); `wmwatch report --db` reads them. Restarting resumes after the batches the
     history marks.
     """
-    from wmwatch._audit.checkpoint import CheckpointReader, local_root
     from wmwatch._audit.sidecar import checkpoint_query_id, load_function
+    from wmwatch._checkpoint import CheckpointReader, local_root
     from wmwatch._errors import WmwatchError
 
     try:

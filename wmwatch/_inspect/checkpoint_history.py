@@ -14,7 +14,7 @@ What each field comes from (docs/checkpoint-history.md has the full table):
   listener's ``numRowsTotal`` says for batch N.
 
 Parsing here is pure (text in, values out); the files come through the audit's
-:class:`~wmwatch._audit.checkpoint.CheckpointReader`, the state counts through
+:class:`~wmwatch._checkpoint.CheckpointReader`, the state counts through
 :mod:`wmwatch._inspect.checkpoint_state`. Nothing here writes into the checkpoint.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from wmwatch._audit.checkpoint import (
+from wmwatch._checkpoint import (
     CheckpointReader,
     OffsetsEntry,
     min_batches_to_retain,

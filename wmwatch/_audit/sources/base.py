@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from wmwatch._audit.checkpoint import CheckpointReader
+from wmwatch._checkpoint import CheckpointReader
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 
 # The column that carries each replayed row's file (null for sources without files).

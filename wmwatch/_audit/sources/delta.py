@@ -25,7 +25,7 @@ files carry deletion vectors, as the stream does), so partition values, column m
 deletion vectors are applied as the stream applied them.
 
 A file VACUUM removed, or a commit the log's retention removed, cannot be read again: the batch
-is lost, with the reason (:class:`~wmwatch._audit.checkpoint.CheckpointEntryGone`).
+is lost, with the reason (:class:`~wmwatch._checkpoint.CheckpointEntryGone`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.checkpoint import CheckpointEntryGone, CheckpointReader, parse_offset_json
 from wmwatch._audit.sources.base import SOURCE_FILE_COL, Found, SourceKind, scala_map, scala_seq
+from wmwatch._checkpoint import CheckpointEntryGone, CheckpointReader, parse_offset_json
 from wmwatch._errors import AuditError, UnsupportedSourceError
 from wmwatch._text import first_line
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote
 
-from wmwatch._audit.checkpoint import CheckpointReader, normalise_path
 from wmwatch._audit.connect import relation_schema_json
 from wmwatch._audit.sources.base import (
     SOURCE_FILE_COL,
@@ -27,6 +26,7 @@ from wmwatch._audit.sources.base import (
     scala_map,
     scala_seq,
 )
+from wmwatch._checkpoint import CheckpointReader, normalise_path
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import UnsupportedSourceError
 

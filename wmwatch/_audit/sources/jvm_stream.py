@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.checkpoint import CheckpointReader, logged_offsets
 from wmwatch._audit.sources.base import SOURCE_FILE_COL, Found, SourceKind
+from wmwatch._checkpoint import CheckpointReader, logged_offsets
 from wmwatch._errors import UnsupportedSourceError
 from wmwatch._text import first_line
 

@@ -29,12 +29,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.checkpoint import (
-    CheckpointEntryGone,
-    CheckpointReader,
-    logged_offsets,
-    parse_offset_json,
-)
 from wmwatch._audit.connect import relation_schema_json
 from wmwatch._audit.sources.base import (
     SOURCE_FILE_COL,
@@ -42,6 +36,12 @@ from wmwatch._audit.sources.base import (
     ConnectFound,
     Found,
     SourceKind,
+)
+from wmwatch._checkpoint import (
+    CheckpointEntryGone,
+    CheckpointReader,
+    logged_offsets,
+    parse_offset_json,
 )
 from wmwatch._core.sessions import is_connect
 from wmwatch._core.spark_jobs import bounded_job

@@ -25,10 +25,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.checkpoint import CheckpointReader, logged_offsets, parse_offset_json
 from wmwatch._audit.connect import relation_schema_json
 from wmwatch._audit.sources.base import ConnectFound, Found, SourceKind
 from wmwatch._audit.sources.files import SUPPORTED_FORMATS
+from wmwatch._checkpoint import CheckpointReader, logged_offsets, parse_offset_json
 from wmwatch._errors import UnsupportedSourceError
 
 _START = "wmwatch.replay.start"
