@@ -147,6 +147,8 @@ def run_batches(store: HistoryStore, checkpoint: Path, reads: list[int]) -> Jump
         top = POISON_MS if batch_id == 2 else at - 30 * S
         watch.note(batch_id, BatchTimes(at, top, ("FileStreamSource[file:/in]",)))
         rows = [late_row(ms) for ms in late.get(batch_id, [])]
+        # the auditor's order: the jump check, the batch's rows and marker, then the cost
+        watch.after_batch(batch_id, "run-1", reader, read_top)
         store.submit(
             _batch_writer(
                 query_id="q-1",
@@ -160,7 +162,7 @@ def run_batches(store: HistoryStore, checkpoint: Path, reads: list[int]) -> Jump
             description="test batch",
         )
         store.record_progress(progress(batch_id))
-        watch.after_batch(batch_id, "run-1", reader, read_top)
+        watch.after_recorded(batch_id, reader)
     return watch
 
 
@@ -246,6 +248,7 @@ def test_a_restarted_audit_keeps_counting_and_keeps_the_rows(tmp_path: Path) -> 
             description="test batch",
         )
         again.after_batch(6, "run-2", reader, lambda b: pytest.fail("nothing new to read"))
+        again.after_recorded(6, reader)
         assert store.flush(10)
         got = store.read(
             lambda con: con.execute(
@@ -291,6 +294,7 @@ def test_the_cost_stops_once_the_clock_passes_the_watermark_the_jump_set(tmp_pat
             description="test batch",
         )
         watch.after_batch(6, "run-1", CheckpointReader(str(checkpoint)), lambda b: ((), None))
+        watch.after_recorded(6, CheckpointReader(str(checkpoint)))
         assert store.flush(10)
         got = store.read(
             lambda con: con.execute(

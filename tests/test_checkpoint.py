@@ -219,3 +219,50 @@ def test_the_connect_checkpoint_cache_is_bounded_in_entries_and_size() -> None:
     # a key put again replaces its text and its size
     sized.put("e", "w")
     assert sized.get("e") == "w" and sized.chars == 76
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        "[1, 2]",  # JSON of another shape
+        '"text"',
+        '{"batchWatermarkMs": "soon"}',
+        '{"batchWatermarkMs": 0, "batchTimestampMs": [1]}',
+        '{"batchWatermarkMs": 0, "conf": ["a"]}',
+    ],
+)
+def test_offsets_metadata_of_another_shape_is_a_damaged_checkpoint(metadata: str) -> None:
+    with pytest.raises(AuditError, match="offsets/3 metadata is not what Spark writes"):
+        parse_offsets(3, f'v1\n{metadata}\n{{"logOffset":0}}')
+
+
+@pytest.mark.parametrize(
+    "line", ["not json", '{"timestamp": 1}', "[1]", '{"path": "a", "batchId": "x"}']
+)
+def test_a_source_log_line_that_is_no_file_entry_is_a_damaged_checkpoint(line: str) -> None:
+    with pytest.raises(AuditError, match="sources/0/4 has a line that is not a file entry"):
+        parse_source_log(f"v1\n{line}\n", "sources/0/4")
+
+
+def test_a_fifo_or_device_in_a_checkpoint_is_refused_without_hanging(tmp_path: Path) -> None:
+    import os
+
+    (tmp_path / "offsets").mkdir()
+    os.mkfifo(tmp_path / "offsets" / "0")  # a reader that opened it blocking would hang here
+    (tmp_path / "offsets" / "1").symlink_to("/dev/zero")  # ... or fill memory
+    reader = CheckpointReader(str(tmp_path))
+    for batch in (0, 1):
+        with pytest.raises(AuditError, match="is not a regular file; the checkpoint is damaged"):
+            reader.offsets(batch)
+
+
+def test_a_checkpoint_file_over_the_read_bound_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import wmwatch._checkpoint as checkpoint_module
+
+    monkeypatch.setattr(checkpoint_module, "MAX_FILE_BYTES", 1024)
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "0").write_text(OFFSETS_1 + "\n" + " " * 2048)
+    with pytest.raises(AuditError, match="more than the 1,024 wmwatch reads"):
+        CheckpointReader(str(tmp_path)).offsets(0)

@@ -70,3 +70,21 @@ def test_help_names_what_the_sidecar_needs() -> None:
     assert result.exit_code == 0
     for option in ("--checkpoint", "--events", "--query", "--db", "--once"):
         assert option in result.stdout
+
+
+@pytest.mark.parametrize("where", ["audit.duckdb", "sub/audit.duckdb", "link/audit.duckdb"])
+def test_a_history_inside_the_checkpoint_is_refused_and_nothing_is_written(
+    tmp_path: Path, where: str
+) -> None:
+    checkpoint = fake_checkpoint(tmp_path / "checkpoint")
+    (checkpoint / "sub").mkdir()
+    (tmp_path / "link").symlink_to(checkpoint, target_is_directory=True)
+    db = checkpoint / where if not where.startswith("link/") else tmp_path / where
+    before = sorted(p.relative_to(checkpoint) for p in checkpoint.rglob("*"))
+    code, err = invoke(
+        "--checkpoint", str(checkpoint), "--events", "tests.sidecar_defs:events",
+        "--query", "tests.sidecar_defs:window", "--db", str(db),
+    )
+    assert code == 2
+    assert err.count("\n") == 1 and "inside the checkpoint" in err and "elsewhere" in err, err
+    assert sorted(p.relative_to(checkpoint) for p in checkpoint.rglob("*")) == before

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -34,6 +35,12 @@ _COMPACT_FILE = re.compile(r"^(\d+)\.compact$")
 
 class CheckpointEntryGone(AuditError):
     """A batch's offsets or source-log entries were purged: that batch can never be audited."""
+
+
+class CheckpointDamaged(CheckpointEntryGone):
+    """A batch's checkpoint file is not what Spark writes (another shape, not a regular file,
+    past the read bound): like a purged one, that batch can never be audited; it is counted lost
+    with the reason and the batches after it go on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +77,13 @@ def parse_offsets(batch_id: int, text: str) -> OffsetsEntry:
     """Parse ``offsets/N``: a version line, a metadata JSON line, one line per source."""
     lines = _log_lines(text, f"offsets/{batch_id}")
     if not lines or not lines[0].strip():
-        raise AuditError(f"offsets/{batch_id} has no metadata line; the checkpoint is damaged.")
+        raise CheckpointDamaged(
+            f"offsets/{batch_id} has no metadata line; the checkpoint is damaged."
+        )
     try:
         meta = json.loads(lines[0])
     except ValueError as exc:
-        raise AuditError(
+        raise CheckpointDamaged(
             f"offsets/{batch_id} metadata is not JSON ({exc}); the checkpoint is damaged."
         ) from exc
     body = lines[1:]
@@ -82,13 +91,20 @@ def parse_offsets(batch_id: int, text: str) -> OffsetsEntry:
         body.pop()
     # A source without an offset yet is written as "-".
     sources = tuple(None if line.strip() in ("", "-") else line.strip() for line in body)
-    return OffsetsEntry(
-        batch_id=batch_id,
-        watermark_ms=int(meta.get("batchWatermarkMs", 0) or 0),
-        timestamp_ms=int(meta["batchTimestampMs"]) if "batchTimestampMs" in meta else None,
-        conf={str(k): str(v) for k, v in (meta.get("conf") or {}).items()},
-        source_offsets=sources,
-    )
+    try:
+        return OffsetsEntry(
+            batch_id=batch_id,
+            watermark_ms=int(meta.get("batchWatermarkMs", 0) or 0),
+            timestamp_ms=int(meta["batchTimestampMs"]) if "batchTimestampMs" in meta else None,
+            conf={str(k): str(v) for k, v in (meta.get("conf") or {}).items()},
+            source_offsets=sources,
+        )
+    except (AttributeError, TypeError, ValueError, OverflowError) as exc:
+        # valid JSON of another shape (a list, a string watermark, conf not an object)
+        raise CheckpointDamaged(
+            f"offsets/{batch_id} metadata is not what Spark writes ({type(exc).__name__}); the "
+            "checkpoint is damaged."
+        ) from exc
 
 
 def parse_log_offset(offset_json: str | None) -> int | None:
@@ -118,14 +134,22 @@ def parse_source_log(text: str, what: str = "source log") -> list[SourceFile]:
     for line in _log_lines(text, what):
         if not line.strip():
             continue
-        doc = json.loads(line)
-        files.append(
-            SourceFile(
-                path=str(doc["path"]),
-                timestamp_ms=int(doc["timestamp"]) if doc.get("timestamp") is not None else None,
-                log_id=int(doc["batchId"]),
+        try:
+            doc = json.loads(line)
+            files.append(
+                SourceFile(
+                    path=str(doc["path"]),
+                    timestamp_ms=(
+                        int(doc["timestamp"]) if doc.get("timestamp") is not None else None
+                    ),
+                    log_id=int(doc["batchId"]),
+                )
             )
-        )
+        except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise CheckpointDamaged(
+                f"{what} has a line that is not a file entry ({type(exc).__name__}); the "
+                "checkpoint is damaged."
+            ) from exc
     return files
 
 
@@ -193,6 +217,21 @@ class FileSystem(Protocol):
     def mtime_seconds(self, path: str) -> float | None: ...
 
 
+# The largest checkpoint file read. Offsets and commits are a few kB; a file source's compacted
+# log lists every file the stream ever took in (about 150 bytes each), so this bounds what a
+# read holds in memory at about 1.5 million files.
+MAX_FILE_BYTES = 256 * 1024 * 1024
+
+
+def _check_size(path: str, size: int) -> None:
+    if size > MAX_FILE_BYTES:
+        raise CheckpointDamaged(
+            f"{path} is {size:,} bytes, more than the {MAX_FILE_BYTES:,} wmwatch reads of one "
+            "checkpoint file: the checkpoint is damaged, or its file source's log has grown past "
+            "what the audit reads (the batch is not audited)."
+        )
+
+
 class LocalFileSystem:
     """The driver's own filesystem (local disks, NFS and other mounts)."""
 
@@ -204,10 +243,20 @@ class LocalFileSystem:
 
     def read_text(self, path: str) -> str | None:
         try:
-            with open(path, encoding="utf-8") as handle:
-                return handle.read()
+            # non-blocking: a FIFO planted in a checkpoint must not hang the reader
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise CheckpointDamaged(
+                    f"{path} is not a regular file; the checkpoint is damaged."
+                )
+            _check_size(path, info.st_size)
+            data = handle.read(MAX_FILE_BYTES + 1)
+        _check_size(path, len(data))
+        return data.decode("utf-8", errors="replace")
 
     def mtime_seconds(self, path: str) -> float | None:
         try:
@@ -238,6 +287,10 @@ class HadoopFileSystem:
         p = self._path(path)
         if not self._fs.exists(p):
             return None
+        status = self._fs.getFileStatus(p)
+        if not status.isFile():
+            raise CheckpointDamaged(f"{path} is not a file; the checkpoint is damaged.")
+        _check_size(path, int(status.getLen()))
         stream = self._fs.open(p)
         try:
             return str(self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
@@ -259,6 +312,17 @@ def local_root(root: str) -> str | None:
     if re.match(r"^[a-zA-Z][\w+.-]+:", root):
         return None
     return os.path.abspath(root)
+
+
+def inside_local_checkpoint(path: str | os.PathLike[str], root: str) -> bool:
+    """True when ``path`` lies in the local checkpoint ``root`` (links resolved): a place
+    wmwatch must never write to. A checkpoint on another filesystem holds no local path."""
+    local = local_root(root)
+    if local is None:
+        return False
+    target = os.path.realpath(os.fspath(path))
+    base = os.path.realpath(local)
+    return os.path.commonpath([target, base]) == base
 
 
 class CheckpointReader:

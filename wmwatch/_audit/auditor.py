@@ -552,6 +552,10 @@ class Auditor:
         self, batch_id: int, run_id: str | None, late_wm_ms: int | None, *, found: BatchLateRows
     ) -> None:
         """Write one audited batch (when the watch keeps a history) and count it."""
+        # who moved the watermark: queued before the batch's marker (a kill between them
+        # re-audits the batch and replaces the incident), and before the batch counts as done,
+        # so that sync() also waits for it
+        self._check_jump(batch_id)
         if self.history is not None:
             self.history.commit(
                 query_name=self.query_name,
@@ -561,8 +565,8 @@ class Auditor:
                 found=found,
                 sink=self.sink,
             )
-        # before the batch counts as done, so that sync() also waits for what this records
-        self._check_jump(batch_id)
+        if self.jumps is not None:
+            self.jumps.after_recorded(batch_id, self.checkpoint)  # the cost reads the rows
         with self._audited_cond:
             self._done.add(batch_id)
             self._counters.add_batch(batch_id, found)

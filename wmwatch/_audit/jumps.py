@@ -238,9 +238,11 @@ class JumpWatch:
         checkpoint: CheckpointReader,
         read_top: Callable[[int], tuple[tuple[TopRow, ...], int | None]],
     ) -> None:
-        """Flag batch ``batch_id`` (just audited), record what moved the watermark, and bring
-        the cost of the incidents before it up to date. Never raises (the batch is audited
-        either way): an error reading the rows leaves the incident without them, with why."""
+        """Flag batch ``batch_id`` (replayed, its marker not yet written) and record what moved
+        the watermark. Called before the batch's marker is queued, on the same writer, so a kill
+        cannot leave a marked batch without its incident (a re-audit replaces the incident).
+        Never raises (the batch is audited either way): an error reading the rows leaves the
+        incident without them, with why. The cost follows in :meth:`after_recorded`."""
         try:
             self._check(batch_id, run_id, checkpoint, read_top)
         except Exception as exc:  # noqa: BLE001 - logged; the late-row audit goes on
@@ -307,12 +309,30 @@ class JumpWatch:
         if self.history is not None:
             for incident in {i.batch_id: i for i in changed}.values():
                 self.history.record(incident)
+
+    def after_recorded(self, batch_id: int, checkpoint: CheckpointReader) -> None:
+        """Bring the cost of the latest incident before ``batch_id`` up to date, once the batch's
+        late rows are written (the recount reads them). Never raises."""
+        if self.history is None:
+            return
+        try:
             with self._lock:
                 before = [b for b in self._incidents if b < batch_id]
                 latest = self._incidents[max(before)] if before else None
+            if latest is None:
+                return
+            entry = checkpoint.offsets(batch_id)
             batch_at_ms = entry.timestamp_ms if entry is not None else None
-            if latest is not None and still_costing(latest, batch_at_ms):
+            if still_costing(latest, batch_at_ms):
                 self.history.update_cost(batch_id)
+        except Exception as exc:  # noqa: BLE001 - logged; the late-row audit goes on
+            log.warning(
+                "wmwatch: audit of %s: cannot count what the watermark jump before batch %d "
+                "cost: %s",
+                self.label,
+                batch_id,
+                error_line(exc),
+            )
 
     def _update(
         self,

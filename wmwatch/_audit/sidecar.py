@@ -46,6 +46,7 @@ from wmwatch._audit.start import (
 from wmwatch._checkpoint import (
     CheckpointReader,
     HadoopFileSystem,
+    inside_local_checkpoint,
     local_root,
     normalise_path,
     parse_source_log,
@@ -268,6 +269,13 @@ def start_sidecar(
         )
     defined = _streaming_frame(query, "query") if query is not None else frames[0]
     root = os.fspath(checkpoint)
+    written = [p for p in (getattr(watch.store, "path", None), parquet_path) if p is not None]
+    for place in written:
+        if inside_local_checkpoint(place, root):
+            raise ConfigError(
+                f"{place} is inside the checkpoint {root}, which the sidecar only reads: keep the "
+                "history and the Parquet folder elsewhere"
+            )
     fs = None if local_root(root) is not None else HadoopFileSystem(spark, root)
     reader = CheckpointReader(root, fs)
     query_id = checkpoint_query_id(reader)

@@ -85,14 +85,14 @@ def checkpoint_history(
     works on the result. Reads the checkpoint only; never writes into it. Running it again
     replaces what it wrote before; batches a listener recorded are kept as they are.
     """
-    from wmwatch._checkpoint import local_root
+    from wmwatch._checkpoint import inside_local_checkpoint, local_root
 
     local = local_root(checkpoint)
     if local is not None and not os.path.isdir(local):
         raise _fail(f"{checkpoint} is not a folder: pass the query's checkpointLocation", 2)
     if not db.parent.is_dir():
         raise _fail(f"--db {db}: folder {db.parent} does not exist", 2)
-    if local is not None and _inside(db, local):
+    if inside_local_checkpoint(db, checkpoint):
         raise _fail(
             f"--db {db} is inside the checkpoint {checkpoint}, which is only ever read: pass "
             "a file elsewhere",
@@ -215,12 +215,6 @@ def _label(name: str | None, query_id: str) -> str:
 
 def _or_none(value: int | None) -> str:
     return "none" if value is None else str(value)
-
-
-def _inside(path: Path, folder: str) -> bool:
-    target = os.path.realpath(path)
-    base = os.path.realpath(folder)
-    return os.path.commonpath([target, base]) == base
 
 
 @contextlib.contextmanager

@@ -113,9 +113,14 @@ def sidecar(
     history marks.
     """
     from wmwatch._audit.sidecar import checkpoint_query_id, load_function
-    from wmwatch._checkpoint import CheckpointReader, local_root
+    from wmwatch._checkpoint import CheckpointReader, inside_local_checkpoint, local_root
     from wmwatch._errors import WmwatchError
 
+    if inside_local_checkpoint(db, checkpoint):
+        raise _fail(
+            f"--db {db} is inside the checkpoint {checkpoint}, which is only ever read: pass "
+            "a file elsewhere"
+        )
     try:
         if local_root(checkpoint) is not None:
             # a local checkpoint is checked before a JVM starts: a wrong path fails in a moment
