@@ -302,3 +302,11 @@ def test_the_cost_stops_once_the_clock_passes_the_watermark_the_jump_set(tmp_pat
             ).fetchall()
         )
     assert got == [(3, 5)]
+
+
+def test_rows_a_sliding_window_repeated_count_once() -> None:
+    from wmwatch._audit.jumps import distinct_rows
+
+    row = (5, 0, "/in/a.json", '{"id": 1}', None)
+    other = (4, 0, "/in/a.json", '{"id": 2}', None)
+    assert distinct_rows([row, row, row, other, other]) == [row, other]

@@ -460,13 +460,25 @@ def _top_of_input(
 ) -> list[tuple[Any, ...]]:
     raw = replayer._read(item, what)  # noqa: SLF001 - the replay's own read (one task beside real time)
     frame = replayer.late_rows_frame(item, raw, _FAR_FUTURE_MS, keep=(position_col,))
+    # a sliding window repeats each row once per window it falls in: take enough for ``limit``
+    # distinct rows, then drop the repeats (bounded: at most 64 copies of each)
+    spec = item.spec
+    copies = 1
+    if spec.window_us and spec.slide_us:
+        copies = min(64, -(-spec.window_us // spec.slide_us))
     top = (
         frame.orderBy(F.col("event_time_us").desc_nulls_last())
-        .limit(limit)
+        .limit(limit * copies)
         .select("event_time_us", "source_index", "source_file", "row_data", position_col)
         .collect()
     )
-    return [tuple(r) for r in top]
+    rows = [tuple(r) for r in top]
+    return distinct_rows(rows)[:limit] if copies > 1 else rows
+
+
+def distinct_rows(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """``rows`` without repeats, in order (a row a sliding window expanded into copies)."""
+    return list(dict.fromkeys(rows))
 
 
 # -- the history --------------------------------------------------------------------------------
