@@ -61,8 +61,15 @@ def connector_jars() -> list[str]:
 
 
 def _cluster_id() -> str:
-    """A random KRaft cluster id (a UUID in URL-safe base64, as ``kafka-storage random-uuid``)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random KRaft cluster id (a UUID in URL-safe base64, as ``kafka-storage random-uuid``).
+
+    Like Kafka's own ``Uuid.randomUuid``, never one starting with "-" (1 in 64 would): the
+    storage tool's command line would read it as an option and refuse to format.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _properties(work: Path, broker_port: int, controller_port: int) -> str:
