@@ -582,7 +582,16 @@ def write_history(
     id), so nothing is duplicated; a state count an earlier read made and this one did not
     (``--no-state``, ``--state-batches``) is kept.
     """
-    kept, _ = listener_batches(con, history.query_id)
+    # only the batches this history holds are looked up (a sidecar writes one at a time)
+    batch_ids = [b.batch_id for b in history.batches]
+    kept = {
+        int(batch_id)
+        for (batch_id,) in con.execute(
+            "SELECT batch_id FROM batches WHERE query_id = ? AND run_id <> ? "
+            "AND batch_id = ANY(?::BIGINT[])",
+            (history.query_id, CHECKPOINT_RUN_ID, batch_ids),
+        ).fetchall()
+    }
     earlier = {
         (int(batch_id), int(operator_id)): int(rows_total)
         for batch_id, operator_id, rows_total in con.execute(
@@ -590,8 +599,9 @@ def write_history(
             SELECT o.batch_id, o.operator_id, o.rows_total FROM operators o
             JOIN batches b USING (query_id, batch_id)
             WHERE o.query_id = ? AND b.run_id = ? AND o.rows_total IS NOT NULL
+              AND o.batch_id = ANY(?::BIGINT[])
             """,
-            (history.query_id, CHECKPOINT_RUN_ID),
+            (history.query_id, CHECKPOINT_RUN_ID, batch_ids),
         ).fetchall()
     }
     merged = replace(history, state_rows={**earlier, **history.state_rows})
