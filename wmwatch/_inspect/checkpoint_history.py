@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from wmwatch._checkpoint import (
     CheckpointReader,
+    FileSystem,
     OffsetsEntry,
     min_batches_to_retain,
 )
@@ -299,13 +300,7 @@ def read_checkpoint(reader: CheckpointReader) -> CheckpointHistory:
         for batch_id, entry in sorted(entries.items())
     )
     operators, warnings = read_operators(reader) if "state" in top else ((), ())
-    oldest_state = None
-    if operators:
-        oldest_state = oldest_state_batch(
-            oldest_loadable_version(fs.list_names(store_folder(root, op, name)))
-            for op in operators
-            for name in op.store_names
-        )
+    oldest_state = _oldest_state_batch_on_disk(fs, root, operators)
     return CheckpointHistory(
         checkpoint=root,
         query_id=query_id,
@@ -364,13 +359,7 @@ def read_batches(
         for batch_id in wanted
         if batch_id in entries
     )
-    oldest_state = None
-    if operators:
-        oldest_state = oldest_state_batch(
-            oldest_loadable_version(fs.list_names(store_folder(root, op, name)))
-            for op in operators
-            for name in op.store_names
-        )
+    oldest_state = _oldest_state_batch_on_disk(fs, root, operators)
     return CheckpointHistory(
         checkpoint=root,
         query_id=query_id,
@@ -383,6 +372,19 @@ def read_batches(
             batches[-1].offsets.conf if batches else {},
         ),
         has_watermark=has_watermark,
+    )
+
+
+def _oldest_state_batch_on_disk(
+    fs: FileSystem, root: str, operators: Sequence[StateOperator]
+) -> int | None:
+    """The oldest batch whose state every operator's stores can still load; None without any."""
+    if not operators:
+        return None
+    return oldest_state_batch(
+        oldest_loadable_version(fs.list_names(store_folder(root, op, name)))
+        for op in operators
+        for name in op.store_names
     )
 
 
