@@ -14,6 +14,7 @@ environment (``nox -s delta``).
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 import wmwatch
 from tests.conftest import DELTA
+from tests.kafka_broker import jar_cache
 from tests.test_audit_spark import (
     DELAY,
     SCHEMA,
@@ -494,13 +496,30 @@ def test_demo_reads_its_events_from_a_delta_table_with_the_audit_balanced(
     import sys
 
     workdir = tmp_path / "demo"
+    # a Java developer's ~/.m2 as Maven leaves it: a pom without its jar for a version that lost
+    # a conflict (Spark's package resolver took the pom and the JVM never started); the demo
+    # must not consult it, nor an Ivy cache
+    home = tmp_path / "home"
+    partial = home / ".m2/repository/org/slf4j/slf4j-api/2.0.13"
+    partial.mkdir(parents=True)
+    (partial / "slf4j-api-2.0.13.pom").write_text(
+        "<project><modelVersion>4.0.0</modelVersion><groupId>org.slf4j</groupId>"
+        "<artifactId>slf4j-api</artifactId><version>2.0.13</version></project>"
+    )
+    env = dict(os.environ)
+    env.update(
+        HOME=str(home),
+        JAVA_TOOL_OPTIONS=f"-Duser.home={home}",  # Java takes its home from the passwd entry
+        WMWATCH_JAR_CACHE=str(jar_cache()),  # the jars .ci/fetch_jars.sh fetched
+    )
     run = subprocess.run(
         [sys.executable, "-m", "wmwatch.cli", "demo", "--format", "delta", "--duration", "25",
          "--port", "0", "--workdir", str(workdir)],
         capture_output=True, text=True, timeout=300, check=False,
-        cwd=Path(__file__).parent.parent,
+        cwd=Path(__file__).parent.parent, env=env,
     )  # fmt: skip
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-4000:])
+    assert not (home / ".ivy2.5.2").exists(), "the demo went through Spark's package resolver"
     assert (workdir / "bronze" / "_delta_log").is_dir()
     with duckdb.connect(str(workdir / "wmwatch.duckdb"), read_only=True) as con:
         dropped = dict(
@@ -687,3 +706,42 @@ def test_stream_from_a_starting_timestamp_is_audited_from_the_version_delta_star
     spec = delta_spec_of({"startingTimestamp": starting}, [str(table)], events.schema.json())
     first = DeltaBatchSource(spec, 0, spark).batch_input(checkpoint, 0)
     assert first is not None and {f.version for f in first.files} == {2}
+
+
+def test_demo_fetches_deltas_two_jars_checks_them_and_then_uses_its_cache(tmp_path: Path) -> None:
+    """``wmwatch demo --format delta`` fetches Delta's jars itself (never Spark's package
+    resolver): from a Maven repository on loopback laid out as Maven Central, serving the jars
+    Maven Central serves; checked against the pinned SHA-256; a second start asks nothing."""
+    import http.server
+    import shutil
+    import threading
+    from functools import partial
+
+    from wmwatch._cli.spark_start import DELTA_JARS, delta_jars
+
+    repository = tmp_path / "maven2"
+    for name, (folder, _) in DELTA_JARS.items():
+        (repository / folder).mkdir(parents=True)
+        shutil.copy(jar_cache() / "delta" / name, repository / folder / name)
+    asked: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            asked.append(self.path)
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), partial(Handler, directory=str(repository))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        cache = tmp_path / "cache"
+        jars = delta_jars(cache=cache, repository=url)
+        assert [j.name for j in jars] == list(DELTA_JARS)
+        assert all(j.read_bytes() == (jar_cache() / "delta" / j.name).read_bytes() for j in jars)
+        assert len(asked) == 2
+        assert delta_jars(cache=cache, repository=url) == jars
+        assert len(asked) == 2, "a second start fetched again"
+    finally:
+        server.shutdown()
+        server.server_close()

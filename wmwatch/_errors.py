@@ -6,6 +6,7 @@
     ├── StoreError               the DuckDB history file cannot be opened, created or migrated
     ├── MetricsServerError       the /metrics endpoint cannot be served (port in use, bad TLS files)
     ├── UnknownQueryError        a report names a query the history does not hold
+    ├── SparkStartError          a command of wmwatch's could not start Spark (Java, jars, address)
     └── AuditError               a late-row audit cannot be started or run
         └── UnsupportedSourceError   the query reads a source the audit cannot replay exactly
 
@@ -37,6 +38,10 @@ class MetricsServerError(WmwatchError):
 
 class UnknownQueryError(WmwatchError, LookupError):
     """A report names no recorded query; the message lists the known ones."""
+
+
+class SparkStartError(WmwatchError):
+    """A command of wmwatch's could not start Spark: no Java, a jar it cannot fetch, an address."""
 
 
 class AuditError(WmwatchError):

@@ -61,7 +61,7 @@ def demo(
             "--format",
             help="json: the query reads the landing files; delta: a bronze query copies them "
             "into a Delta table and the query reads that table as a stream (needs pyspark 4.2 "
-            "or older, Delta's jars come from Maven Central).",
+            "or older; wmwatch fetches Delta's two jars from Maven Central once and caches them).",
         ),
     ] = "json",
 ) -> None:
@@ -111,20 +111,25 @@ def demo(
     from rich.markup import escape
 
     from wmwatch._cli.demo_job import run_demo
+    from wmwatch._errors import SparkStartError
     from wmwatch._report.build import build_report
     from wmwatch._report.reading import open_history
     from wmwatch._report.render import render_table
 
     console = Console(highlight=False)
-    result = run_demo(
-        duration_seconds=duration,
-        metrics_port=port,
-        workdir=workdir,
-        console=console,
-        audit=audit,
-        master=master,
-        source_format=source_format,
-    )
+    try:
+        result = run_demo(
+            duration_seconds=duration,
+            metrics_port=port,
+            workdir=workdir,
+            console=console,
+            audit=audit,
+            master=master,
+            source_format=source_format,
+        )
+    except SparkStartError as exc:
+        typer.echo(f"wmwatch demo: {exc}", err=True)
+        raise typer.Exit(1) from None
     console.print(
         f"\nStreamed {result.input_rows} rows in {result.batches} batches; Spark dropped "
         f"{result.rows_dropped} late group(s)"

@@ -38,6 +38,9 @@ _DEMO_ENTRIES = (
     "wmwatch.duckdb.wal",
     "wmwatch.duckdb.lock",
     "log4j2.properties",
+    "spark.log",
+    "bronze",
+    "bronze-checkpoint",
     "report.html",
 )
 
@@ -144,10 +147,6 @@ logger.abort.level = fatal
 """
 
 
-# Delta Lake's jar that runs on pyspark 4.2 (fetched from Maven Central by Spark at start-up)
-DELTA_PACKAGE = "io.delta:delta-spark_2.13:4.4.0"
-
-
 def build_session(
     workdir: Path, app_name: str = "wmwatch-demo", master: str = "local[2]", delta: bool = False
 ) -> Any:
@@ -155,39 +154,36 @@ def build_session(
 
     ``master`` is ``local[2]`` by default; a cluster's URL (``spark://host:7077``) runs the
     executors in their own JVMs, which read the demo's input and checkpoint from ``workdir``:
-    it must be a folder they see at the same path (one machine, or a shared mount).
+    it must be a folder they see at the same path (one machine, or a shared mount). Spark's own
+    output goes to ``<workdir>/spark.log``; a start that fails raises SparkStartError (one line).
     """
     import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+    from wmwatch._cli.spark_start import delta_jars, start_session
 
     log4j = workdir / "log4j2.properties"
     log4j.write_text(_QUIET_LOG4J)
-    builder = SparkSession.builder
+    settings = {
+        "spark.master": master,
+        "spark.app.name": app_name,
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.ui.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.scheduler.mode": "FAIR",
+        "spark.sql.adaptive.enabled": "false",
+    }
     if delta:
-        builder = (
-            builder.config("spark.jars.packages", DELTA_PACKAGE)
-            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-            .config(
-                "spark.sql.catalog.spark_catalog",
-                "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-            )
-            .config("spark.databricks.delta.snapshotPartitions", "2")
-        )
-    spark = (
-        builder.master(master)
-        .appName(app_name)
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.scheduler.mode", "FAIR")
-        .config("spark.sql.adaptive.enabled", "false")
-        .getOrCreate()
-    )
+        settings |= {
+            "spark.jars": ",".join(str(jar) for jar in delta_jars()),
+            "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+            "spark.databricks.delta.snapshotPartitions": "2",
+        }
+    spark = start_session(settings, log=workdir / "spark.log")
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
