@@ -143,9 +143,7 @@ def run_query(
             .start()
         )
         handle = (
-            watch.audit(
-                query, inputs, prepare=prepare, sink=sink, parquet_path=str(work / "late")
-            )
+            watch.audit(query, inputs, prepare=prepare, sink=sink, parquet_path=str(work / "late"))
             if audit
             else None
         )

@@ -33,12 +33,12 @@ from typing import Any
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _cpu import CpuSnapshot, CpuUse, jvm_thread_names, mean_use  # noqa: E402
-from _machine import print_machine  # noqa: E402
+from _cpu import CpuSnapshot, CpuUse, jvm_thread_names, mean_use
+from _machine import print_machine
 
-import wmwatch  # noqa: E402
-from wmwatch._core.health import Health  # noqa: E402
-from wmwatch._core.listener import EventQueue, Py4jListener  # noqa: E402
+import wmwatch
+from wmwatch._core.health import Health
+from wmwatch._core.listener import EventQueue, Py4jListener
 
 
 def session() -> Any:
@@ -116,10 +116,10 @@ def bench_event_cost(spark: Any, work: Path, events: int) -> dict[str, float]:
     jevent = event_class(jprogress)
 
     class Noop(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None: ...
-        def onQueryProgress(self, event: Any) -> None: ...
-        def onQueryIdle(self, event: Any) -> None: ...
-        def onQueryTerminated(self, event: Any) -> None: ...
+        def onQueryStarted(self, event: Any) -> None: ...  # noqa: N802 - Spark's name
+        def onQueryProgress(self, event: Any) -> None: ...  # noqa: N802 - Spark's name
+        def onQueryIdle(self, event: Any) -> None: ...  # noqa: N802 - Spark's name
+        def onQueryTerminated(self, event: Any) -> None: ...  # noqa: N802 - Spark's name
 
     stock = JStreamingQueryListener(Noop())
     health = Health()

@@ -30,7 +30,7 @@ from _machine import print_machine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.chromium import Chromium  # noqa: E402
+from tests.chromium import Chromium
 
 SIZE_BAR_BYTES = 5 * 10**6
 DRAWN_BAR_SECONDS = 2.0

@@ -25,10 +25,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _machine import print_machine  # noqa: E402
+from _machine import print_machine
 
-import wmwatch  # noqa: E402
-from tests.scripts.safety_support import (  # noqa: E402
+import wmwatch
+from tests.scripts.safety_support import (
     NoQueriesSession,
     progress_doc,
     progress_event_json,

@@ -47,6 +47,7 @@ def main(folder: str, mode: str, shape: str = "window") -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+
     def read_events() -> Any:
         return (
             spark.readStream.schema("id int, user string, ts timestamp")

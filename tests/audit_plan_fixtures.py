@@ -71,9 +71,7 @@ def main() -> None:
         "session": events.groupBy("id", F.session_window("ts", "5 seconds")).count(),
         "session_dynamic_gap": events.groupBy(
             "id",
-            F.session_window(
-                "ts", F.when(F.col("v") == "a", "5 seconds").otherwise("10 seconds")
-            ),
+            F.session_window("ts", F.when(F.col("v") == "a", "5 seconds").otherwise("10 seconds")),
         ).count(),
         "raw_event_time": events.groupBy("ts").count(),
         "dedupe_then_window": events.dropDuplicates(["id", "ts"])

@@ -102,9 +102,7 @@ def _answers(bootstrap: str, port: int) -> bool:
 
     if not _listening(port):
         return False
-    admin = AdminClient(
-        {"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0}
-    )
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0})
     try:
         admin.list_topics(timeout=2).brokers  # noqa: B018 - a metadata round trip
         return True

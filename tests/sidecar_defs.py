@@ -53,7 +53,5 @@ def kafka_events(spark: Any) -> Any:
     from tests.audit_kafka_crash_driver import PER_TRIGGER
     from tests.test_audit_kafka_spark import SCHEMA, kafka_stream, parse
 
-    raw = kafka_stream(
-        spark, os.environ[KAFKA_VARIABLE], os.environ[TOPIC_VARIABLE], PER_TRIGGER
-    )
+    raw = kafka_stream(spark, os.environ[KAFKA_VARIABLE], os.environ[TOPIC_VARIABLE], PER_TRIGGER)
     return parse(SCHEMA)(raw).withWatermark("ts", "10 seconds")

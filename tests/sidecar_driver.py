@@ -73,9 +73,7 @@ def main(folder: str, shape: str, mode: str, count: str = "0", audit: str = "") 
     events = sidecar_defs.events(spark)
     result = getattr(sidecar_defs, shape)(events)
     spark.streams.addListener(_progress_recorder(f"{folder}/progress.jsonl"))
-    watch = wmwatch.attach(
-        spark, db=f"{folder}/injob.duckdb" if audit else None, metrics_port=None
-    )
+    watch = wmwatch.attach(spark, db=f"{folder}/injob.duckdb" if audit else None, metrics_port=None)
     query = (
         result.writeStream.format("parquet")
         .queryName(f"sidecar_{shape}")

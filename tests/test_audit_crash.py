@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers import write_events
 from tests.test_audit_spark import assert_windows_balance, batch_window_counts, stream_files
-from wmwatch._checkpoint import CheckpointReader
+from wmwatch._checkpoint.reader import CheckpointReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -196,9 +196,7 @@ def test_sigkill_mid_join_then_restart_balances(spark: Any, stream_dir: Path) ->
         )
         marks = sorted(r[0] for r in con.execute("SELECT batch_id FROM audit_batches").fetchall())
     assert marks == CheckpointReader(str(stream_dir / "checkpoint")).committed_batches()
-    ids = [
-        json.loads(data)["lid" if side == "left" else "rid"] for _, side, data in late
-    ]
+    ids = [json.loads(data)["lid" if side == "left" else "rid"] for _, side, data in late]
     assert len(ids) == len(set(ids)), "duplicated audit rows"
     assert {side for _, side, _ in late} == {"left", "right"}
     per_batch = Counter(batch for batch, _, _ in late)
@@ -342,8 +340,6 @@ def test_a_batch_its_sink_had_written_has_no_count_from_spark(spark: Any, stream
             "FROM operators o JOIN batches b USING (query_id, batch_id) WHERE batch_id = ?",
             [batch],
         ).fetchall()
-        late = con.execute(
-            "SELECT count(*) FROM late_rows WHERE batch_id = ?", [batch]
-        ).fetchone()
+        late = con.execute("SELECT count(*) FROM late_rows WHERE batch_id = ?", [batch]).fetchone()
     assert counted == [(None, None, 0)]
     assert late is not None and late[0] > 0

@@ -29,7 +29,7 @@ from tests.test_audit_kafka_restart_spark import (
     spark_dropped_by_batch,
 )
 from tests.test_audit_spark import stream_files
-from wmwatch._checkpoint import CheckpointReader
+from wmwatch._checkpoint.reader import CheckpointReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.delta, pytest.mark.slow]
 

@@ -40,7 +40,7 @@ from tests.test_audit_spark import (
     final_watermark_ms,
     stream_files,
 )
-from wmwatch._checkpoint import CheckpointReader
+from wmwatch._checkpoint.reader import CheckpointReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.delta]
 
@@ -654,7 +654,7 @@ def test_stream_from_a_starting_timestamp_is_audited_from_the_version_delta_star
     """``startingTimestamp`` between two commits' times starts the stream at the later commit
     (``on`` a commit's time: at that commit); the audit replays its first batch from exactly
     that version, and with its late rows equals Spark's count of dropped rows."""
-    from wmwatch._audit.sources.delta import DeltaBatchSource, delta_spec_of
+    from wmwatch._audit.replay.sources.delta import DeltaBatchSource, delta_spec_of
 
     spark = delta_spark
     table = stream_dir / "table"
@@ -726,7 +726,7 @@ def test_demo_fetches_deltas_two_jars_checks_them_and_then_uses_its_cache(tmp_pa
     asked: list[str] = []
 
     class Handler(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
             asked.append(self.path)
 
     server = http.server.ThreadingHTTPServer(

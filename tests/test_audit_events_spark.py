@@ -30,7 +30,7 @@ from tests.test_audit_spark import (
     stream_files,
     ts,
 )
-from wmwatch._audit.events_replay import as_written
+from wmwatch._audit.replay.events import as_written
 from wmwatch._errors import AuditError
 
 pytestmark = pytest.mark.spark

@@ -61,9 +61,7 @@ def rows_of(pairs: list[tuple[int, int]]) -> list[dict[str, Any]]:
     return [{"id": i, "user": "u", "ts": ts(s)} for i, s in pairs]
 
 
-def test_glob_characters_in_file_names_keep_the_audit_exact(
-    spark: Any, stream_dir: Path
-) -> None:
+def test_glob_characters_in_file_names_keep_the_audit_exact(spark: Any, stream_dir: Path) -> None:
     from pyspark.sql import functions as F
 
     folder = stream_dir / "in dir %#"

@@ -8,7 +8,7 @@ import hmac
 
 import pytest
 
-from wmwatch._audit.replay import hmac_pads
+from wmwatch._audit.replay.engine import hmac_pads
 from wmwatch._audit.start import resolve_hash_key
 from wmwatch._errors import ConfigError
 
@@ -36,4 +36,4 @@ def test_hash_key_from_option_or_environment() -> None:
     with pytest.raises(ConfigError, match=r"\$WMWATCH_HASH_KEY is empty"):
         resolve_hash_key(None, "")
     with pytest.raises(ConfigError, match="bytes or a str"):
-        resolve_hash_key(1234, None)  # type: ignore[arg-type]
+        resolve_hash_key(1234, None)  # type: ignore[arg-type]  # a wrong type, on purpose

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 import wmwatch
 from tests.helpers import write_events
-from wmwatch._checkpoint import CheckpointReader
+from wmwatch._checkpoint.reader import CheckpointReader
 
 pytestmark = pytest.mark.spark
 
@@ -83,9 +83,7 @@ def run_join(
         for lrows, rrows in PAIRS:
             write_events(folder / "l", [{"lid": i, "lk": k, "lt": ts(s)} for i, k, s in lrows])
             if rrows:
-                write_events(
-                    folder / "r", [{"rid": i, "rk": k, "rt": ts(s)} for i, k, s in rrows]
-                )
+                write_events(folder / "r", [{"rid": i, "rk": k, "rt": ts(s)} for i, k, s in rrows])
         left_reader = left_reader.option("maxFilesPerTrigger", 1)
         right_reader = right_reader.option("maxFilesPerTrigger", 1)
     left = left_reader.json(str(folder / "l"))
@@ -206,9 +204,7 @@ def check_join(result: dict[str, Any], *, sides: tuple[str, ...]) -> None:
 def range_join(how: str) -> Callable[[Any, Any], Any]:
     from pyspark.sql import functions as F
 
-    condition = F.expr(
-        "lk = rk AND lt BETWEEN rt - INTERVAL 5 SECONDS AND rt + INTERVAL 5 SECONDS"
-    )
+    condition = F.expr("lk = rk AND lt BETWEEN rt - INTERVAL 5 SECONDS AND rt + INTERVAL 5 SECONDS")
     return lambda left, right: left.join(right, condition, how)
 
 
@@ -392,9 +388,12 @@ def run_union(spark: Any, folder: Path, batching: str) -> dict[str, Any]:
     raw_right = right_reader.json(str(folder / "r"))
 
     def rename(frame: Any) -> Any:
-        return frame.withColumnRenamed("rid", "lid").withColumnRenamed("rk", "lk").withColumn(
-            "lt", frame.rt
-        ).drop("rt")
+        return (
+            frame.withColumnRenamed("rid", "lid")
+            .withColumnRenamed("rk", "lk")
+            .withColumn("lt", frame.rt)
+            .drop("rt")
+        )
 
     right = rename(raw_right).withWatermark("lt", DELAY)
     query_frame = left.unionByName(right).dropDuplicates(["lk", "lt"])

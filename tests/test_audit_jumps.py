@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from tests.test_store import progress
-from wmwatch._audit.jumps import (
+from wmwatch._audit.jumps.watch import (
     BatchTimes,
     JumpHistory,
     JumpWatch,
@@ -28,7 +28,7 @@ from wmwatch._audit.jumps import (
     top_rows_of,
 )
 from wmwatch._audit.sinks import BatchLateRows, _batch_writer
-from wmwatch._checkpoint import CheckpointReader
+from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch._errors import ConfigError
 from wmwatch._report.build import build_report
 from wmwatch._report.reading import open_history
@@ -305,7 +305,7 @@ def test_the_cost_stops_once_the_clock_passes_the_watermark_the_jump_set(tmp_pat
 
 
 def test_rows_a_sliding_window_repeated_count_once() -> None:
-    from wmwatch._audit.jumps import distinct_rows
+    from wmwatch._audit.jumps.watch import distinct_rows
 
     row = (5, 0, "/in/a.json", '{"id": 1}', None)
     other = (4, 0, "/in/a.json", '{"id": 2}', None)

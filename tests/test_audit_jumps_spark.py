@@ -100,9 +100,7 @@ def check_report(db: Path, name: str, batch_id: int, dropped: int, tmp: Path) ->
 def test_file_stream_names_the_row_that_moved_the_watermark(spark: Any, stream_dir: Path) -> None:
     name = "jump_files"
     delivered = steps(datetime.now(UTC))
-    events = (
-        spark.readStream.schema(SCHEMA).json(str(stream_dir / "in")).withWatermark("ts", DELAY)
-    )
+    events = spark.readStream.schema(SCHEMA).json(str(stream_dir / "in")).withWatermark("ts", DELAY)
     db = stream_dir / "history.duckdb"
     registry = CollectorRegistry()
     watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry)
@@ -214,9 +212,7 @@ def test_kafka_stream_names_partition_and_offset(spark: Any, kafka: str, tmp_pat
 
 
 @pytest.mark.prometheus
-def test_the_alert_fires_in_a_real_prometheus(
-    spark: Any, stream_dir: Path, tmp_path: Path
-) -> None:
+def test_the_alert_fires_in_a_real_prometheus(spark: Any, stream_dir: Path, tmp_path: Path) -> None:
     from dashboards import alerts, generate
     from tests.prom_servers import prometheus
 
@@ -229,9 +225,7 @@ def test_the_alert_fires_in_a_real_prometheus(
         spark, db=str(stream_dir / "history.duckdb"), metrics_port=port,
         registry=CollectorRegistry(),
     )  # fmt: skip
-    events = (
-        spark.readStream.schema(SCHEMA).json(str(stream_dir / "in")).withWatermark("ts", DELAY)
-    )
+    events = spark.readStream.schema(SCHEMA).json(str(stream_dir / "in")).withWatermark("ts", DELAY)
     query = (
         events.dropDuplicates(["user", "ts"])
         .writeStream.format("memory")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from wmwatch._audit.sources.kafka import (
+from wmwatch._audit.replay.sources.kafka import (
     KafkaSourceSpec,
     batch_ranges,
     gone_below,

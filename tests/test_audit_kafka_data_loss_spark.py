@@ -77,7 +77,7 @@ def test_kafka_records_deleted_with_fail_on_data_loss_false_are_counted_lost(
     from prometheus_client import CollectorRegistry
 
     import wmwatch
-    from wmwatch._checkpoint import CheckpointReader
+    from wmwatch._checkpoint.reader import CheckpointReader
 
     topic = new_topic(kafka)
     records = [
@@ -112,9 +112,7 @@ def test_kafka_records_deleted_with_fail_on_data_loss_false_are_counted_lost(
         assert handle.sync(180), handle.status()
         status = handle.status()
         progress += list(query.recentProgress)
-        lost_metric = registry.get_sample_value(
-            "wmwatch_audit_batches_lost_total", {"query": NAME}
-        )
+        lost_metric = registry.get_sample_value("wmwatch_audit_batches_lost_total", {"query": NAME})
         handle.stop()
     finally:
         query.stop()

@@ -23,7 +23,7 @@ import pytest
 
 from tests.test_audit_crash import _status_lines, _wait_for_status
 from tests.test_audit_kafka_spark import PARTITIONS, event_stream, new_topic, produce, ts
-from wmwatch._checkpoint import CheckpointReader
+from wmwatch._checkpoint.reader import CheckpointReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
@@ -33,8 +33,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def _driver(folder: Path, mode: str, bootstrap: str, topic: str, shape: str) -> Any:
     return subprocess.Popen(
         [
-            sys.executable, "-m", "tests.audit_kafka_crash_driver",
-            str(folder), mode, bootstrap, topic, shape,
+            sys.executable,
+            "-m",
+            "tests.audit_kafka_crash_driver",
+            str(folder),
+            mode,
+            bootstrap,
+            topic,
+            shape,
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,

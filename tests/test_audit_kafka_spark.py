@@ -161,7 +161,7 @@ def run_kafka(
 
     import wmwatch
     from tests.test_audit_join_spark import late_rows_of
-    from wmwatch._checkpoint import CheckpointReader
+    from wmwatch._checkpoint.reader import CheckpointReader
 
     db = folder / "history.duckdb"
     registry = CollectorRegistry()
@@ -260,8 +260,7 @@ def test_kafka_windowed_count_is_exact(
         name=f"kafka_window_{batching}",
     )
     expected = Counter(
-        (s // 10 * 10_000, s // 10 * 10_000 + 10_000)
-        for s in (int(sec_of(r["ts"])) for r in rows)
+        (s // 10 * 10_000, s // 10 * 10_000 + 10_000) for s in (int(sec_of(r["ts"])) for r in rows)
     )
     wm_ms = final_watermark_ms(result["progress"])
     assert_windows_balance(dict(expected), result["output"], result["late"], wm_ms)
@@ -469,9 +468,7 @@ def test_kafka_records_deleted_before_the_audit_are_counted_lost(
     assert any(marked.values()), "no batch after the deleted ones had late rows"
 
 
-def test_kafka_broker_down_the_audit_retries_then_audits_exactly(
-    spark: Any, tmp_path: Any
-) -> None:
+def test_kafka_broker_down_the_audit_retries_then_audits_exactly(spark: Any, tmp_path: Any) -> None:
     """With the broker down the audit fails, says why and retries, the query keeps running;
     once the broker is back every batch is audited exactly."""
     import duckdb

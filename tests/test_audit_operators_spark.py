@@ -134,8 +134,10 @@ def test_raw_event_time_aggregation_conservation(
     for (user, at), total in expected.items():
         assert last.get((user, key(at)), 0) + audited.get((user, at), 0) == total, (user, at)
     # one late group per (batch, user, ts): Spark's count, after partial aggregation
-    groups = {(b, by_id[json.loads(d)["id"]]["user"], by_id[json.loads(d)["id"]]["ts"])
-              for b, d, _ in late}
+    groups = {
+        (b, by_id[json.loads(d)["id"]]["user"], by_id[json.loads(d)["id"]]["ts"])
+        for b, d, _ in late
+    }
     assert len(groups) == dropped_by_watermark(progress)
 
 

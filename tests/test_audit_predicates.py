@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wmwatch._audit.plan import ReplayPlan, apply_overrides, parse_plan
-from wmwatch._audit.predicates import (
+from wmwatch._audit.replay.plan import ReplayPlan, apply_overrides, parse_plan
+from wmwatch._audit.replay.predicates import (
     AGGREGATE,
     DEDUPE,
     DEDUPE_WITHIN_WATERMARK,
@@ -133,7 +133,7 @@ def overridden(facts: ReplayPlan, **given: str | float | None) -> OperatorSpec:
         ("kind", "event_time", "delay", "window", "slide")
     )
     options.update(given)
-    spec = apply_overrides(facts, **options).spec  # type: ignore[arg-type]
+    spec = apply_overrides(facts, **options).spec  # type: ignore[arg-type]  # options of every type, as a user passes them
     assert spec is not None
     return spec
 
@@ -285,7 +285,7 @@ def test_plan_relations_are_the_streaming_leaves_not_the_nodes_above_them() -> N
 def test_spark_connect_explain_text_gives_the_same_rules() -> None:
     """A Connect client sees only the last batch's plans: each source stands as the lowest
     streaming ("~") node above that batch's data, in source order."""
-    from wmwatch._audit.connect import ConnectQuery
+    from wmwatch._audit.replay.connect import ConnectQuery
 
     class Explained:  # what a Connect StreamingQuery answers, recorded from a real server
         def __init__(self, text: str) -> None:

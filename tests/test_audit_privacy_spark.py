@@ -18,7 +18,7 @@ import duckdb
 import pytest
 
 from tests.test_audit_join_spark import PAIRS, dropped, range_join, run_join
-from wmwatch._audit.replay import hmac_pads
+from wmwatch._audit.replay.engine import hmac_pads
 
 pytestmark = pytest.mark.spark
 

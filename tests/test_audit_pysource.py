@@ -22,14 +22,14 @@ from pyspark.sql.datasource import (
 )
 
 import wmwatch
-from wmwatch._audit.sources.base import relation_of
-from wmwatch._audit.sources.python import (
+from wmwatch._audit.replay.sources.base import relation_of
+from wmwatch._audit.replay.sources.python import (
     PythonBatchSource,
     is_python_source,
     python_source_of,
     read_batch,
 )
-from wmwatch._checkpoint import CheckpointReader
+from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch._errors import AuditError, UnsupportedSourceError
 
 pytestmark = pytest.mark.spark
@@ -234,7 +234,7 @@ def test_replay_wrapper_runs_on_executors_without_wmwatch(source: type) -> None:
 
     from pyspark import cloudpickle
 
-    from wmwatch._audit.sources.python import PythonSourceSpec, _replay_class, initial_offset
+    from wmwatch._audit.replay.sources.python import PythonSourceSpec, _replay_class, initial_offset
 
     spec = PythonSourceSpec(source.name(), {"step": "7"}, '{"type":"struct","fields":[]}', source)
     this_module = sys.modules[__name__]

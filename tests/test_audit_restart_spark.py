@@ -79,9 +79,7 @@ def value(families: dict[str, Any], sample_name: str, **labels: str) -> float | 
     return None
 
 
-def test_restarted_and_reaudited_query_keeps_one_valid_scrape(
-    spark: Any, stream_dir: Path
-) -> None:
+def test_restarted_and_reaudited_query_keeps_one_valid_scrape(spark: Any, stream_dir: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.fail("promtool is needed (Debian package prometheus); .ci/run installs it")

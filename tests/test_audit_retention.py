@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 import wmwatch
 from tests.helpers import write_events
-from wmwatch._checkpoint import (
+from wmwatch._checkpoint.reader import (
     DEFAULT_MIN_BATCHES_TO_RETAIN,
     MIN_BATCHES_TO_RETAIN_KEY,
     CheckpointReader,
@@ -177,10 +177,12 @@ def test_audit_started_after_the_purge_logs_counts_and_skips_lost_batches(
         ) == len(lost)
         # caught up and idle: the next batch to audit has the whole retention ahead of it
         _eventually(
-            lambda: watch.registry.get_sample_value(
-                "wmwatch_audit_retention_batches_remaining", {"query": "retention_late_start"}
-            )
-            == RETAIN,
+            lambda: (
+                watch.registry.get_sample_value(
+                    "wmwatch_audit_retention_batches_remaining", {"query": "retention_late_start"}
+                )
+                == RETAIN
+            ),
             "the retention gauge to show the full retention",
         )
         audit.stop()
@@ -211,10 +213,12 @@ def test_paused_audit_resumes_after_the_purge_without_counting_twice(
         assert first.status()["batches_lost"] == 0
         before_pause = first.status()["last_audited_batch"]
         _eventually(
-            lambda: registry.get_sample_value(
-                "wmwatch_audit_retention_batches_remaining", {"query": "retention_paused"}
-            )
-            == RETAIN,
+            lambda: (
+                registry.get_sample_value(
+                    "wmwatch_audit_retention_batches_remaining", {"query": "retention_paused"}
+                )
+                == RETAIN
+            ),
             "the retention gauge while the audit keeps up",
         )
         first.stop()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from wmwatch._audit import sources
-from wmwatch._audit.sources.base import SourceKind
+from wmwatch._audit.replay import sources
+from wmwatch._audit.replay.sources.base import SourceKind
 
 
 def test_every_kind_module_is_registered_once() -> None:

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests.helpers import write_events
-from wmwatch._checkpoint import CheckpointReader, HadoopFileSystem
+from wmwatch._checkpoint.reader import CheckpointReader, HadoopFileSystem
 from wmwatch._errors import AuditError
 from wmwatch.cli import app
 

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.test_store import progress
-from wmwatch._audit.report import (
+from wmwatch._audit.report.section import (
     WindowGrid,
     extra_windows_in_state,
     parquet_late_column,
@@ -125,9 +125,9 @@ def test_interrupted_replay_leaves_nothing_and_storm_counts_are_kept(tmp_path: P
             store.record_progress(progress(batch_id))
         stage(store, 4, "crashed", ROWS)  # no marker: the driver died here
         assert store.flush(10)
-        assert store.read(
-            lambda con: con.execute("SELECT count(*) FROM late_rows").fetchone()
-        ) == (0,)
+        assert store.read(lambda con: con.execute("SELECT count(*) FROM late_rows").fetchone()) == (
+            0,
+        )
         stage(store, 4, "retry", ROWS[:1])
         write(store, 4, BatchLateRows(total=1_000, attempt="retry", staged=1))
         assert store.flush(10)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from wmwatch._checkpoint import (
+from wmwatch._checkpoint.reader import (
     CheckpointReader,
     files_for_log_range,
     local_root,
@@ -198,7 +198,7 @@ def test_remote_checkpoint_needs_a_filesystem() -> None:
 
 
 def test_the_connect_checkpoint_cache_is_bounded_in_entries_and_size() -> None:
-    from wmwatch._audit.connect import TextCache
+    from wmwatch._audit.replay.connect import TextCache
 
     cache = TextCache(max_entries=3, max_chars=100)
     for i in range(5):
@@ -259,7 +259,7 @@ def test_a_fifo_or_device_in_a_checkpoint_is_refused_without_hanging(tmp_path: P
 def test_a_checkpoint_file_over_the_read_bound_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import wmwatch._checkpoint as checkpoint_module
+    import wmwatch._checkpoint.reader as checkpoint_module
 
     monkeypatch.setattr(checkpoint_module, "MAX_FILE_BYTES", 1024)
     (tmp_path / "offsets").mkdir()

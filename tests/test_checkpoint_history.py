@@ -12,8 +12,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from wmwatch._checkpoint import CheckpointReader
-from wmwatch._inspect.checkpoint_history import (
+from wmwatch._checkpoint.history import (
     CheckpointHistoryError,
     batches_to_count,
     oldest_loadable_version,
@@ -24,6 +23,7 @@ from wmwatch._inspect.checkpoint_history import (
     read_checkpoint,
     state_format_version,
 )
+from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch.cli import app
 
 QUERY_ID = "8108f535-4e0a-404f-807f-886cb667e31c"

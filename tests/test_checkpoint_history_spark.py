@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests.helpers import write_events
-from wmwatch._checkpoint import CheckpointReader, HadoopFileSystem
-from wmwatch._inspect.checkpoint_history import read_checkpoint
+from wmwatch._checkpoint.history import read_checkpoint
+from wmwatch._checkpoint.reader import CheckpointReader, HadoopFileSystem
 from wmwatch.cli import app
 
 pytestmark = pytest.mark.spark

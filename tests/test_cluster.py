@@ -193,9 +193,7 @@ def test_demo_runs_on_the_cluster_with_the_audit_balanced(cluster: str, tmp_path
     assert f"a SparkSession on {cluster}" in " ".join(run.stdout.split())
     with duckdb.connect(str(workdir / "wmwatch.duckdb"), read_only=True) as con:
         dropped = dict(
-            con.execute(
-                "SELECT batch_id, rows_dropped_by_watermark FROM batches"
-            ).fetchall()
+            con.execute("SELECT batch_id, rows_dropped_by_watermark FROM batches").fetchall()
         )
         marked = {r[0] for r in con.execute("SELECT batch_id FROM audit_batches").fetchall()}
         late = con.execute(

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests.realtime import BASE, KafkaRealTimeRun, RealTimeRun
-from wmwatch._audit.report import LATE_ROWS_SECTION
+from wmwatch._audit.report.section import LATE_ROWS_SECTION
 from wmwatch._inspect.plugin import PlanPlugin
 from wmwatch.cli import app
 
@@ -109,9 +109,7 @@ def run_audited(rt: RealTimeRun, build: Any, tmp_path: Path) -> dict[str, Any]:
             "SELECT batch_id, operator_kind, row_data::VARCHAR, source_file FROM late_rows"
         ).fetchall()
         result["marks"] = dict(
-            con.execute(
-                "SELECT batch_id, rows_kept_behind_watermark FROM audit_batches"
-            ).fetchall()
+            con.execute("SELECT batch_id, rows_kept_behind_watermark FROM audit_batches").fetchall()
         )
         result["operator_watermarks"] = con.execute(
             "SELECT operator_name, max(late_watermark_at), max(eviction_watermark_at) "
@@ -180,9 +178,7 @@ def check(result: dict[str, Any], kind: str, operator: str) -> None:
     assert "Real-time mode, checkpoint interval 5.0s" in result["html"].stdout
 
 
-def test_real_time_aggregation_is_audited_batch_by_batch(
-    rt: RealTimeRun, tmp_path: Path
-) -> None:
+def test_real_time_aggregation_is_audited_batch_by_batch(rt: RealTimeRun, tmp_path: Path) -> None:
     from pyspark.sql import functions as F
 
     def counts(events: Any) -> Any:
@@ -191,9 +187,7 @@ def test_real_time_aggregation_is_audited_batch_by_batch(
     check(run_audited(rt, counts, tmp_path), "window", "StatefulStreamlineAggregate")
 
 
-def test_real_time_deduplication_is_audited_batch_by_batch(
-    rt: RealTimeRun, tmp_path: Path
-) -> None:
+def test_real_time_deduplication_is_audited_batch_by_batch(rt: RealTimeRun, tmp_path: Path) -> None:
     result = run_audited(rt, lambda events: events.dropDuplicates(["k", "ts"]), tmp_path)
     check(result, "dedupe", "dedupe")
 

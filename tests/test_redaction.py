@@ -165,8 +165,10 @@ _leaves = (
 )
 _documents = st.recursive(
     _leaves,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(_plain_keys | st.sampled_from(_SECRET_KEY_EXAMPLES), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(_plain_keys | st.sampled_from(_SECRET_KEY_EXAMPLES), inner, max_size=4)
+    ),
     max_leaves=25,
 )
 
@@ -242,14 +244,17 @@ def test_a_batch_whose_progress_json_cannot_be_kept_is_still_recorded_and_counte
     missing = replace(progress(1), raw_json=None)  # could not be serialised at all
     fine = progress(2)
     registry = CollectorRegistry()
-    with caplog.at_level(logging.ERROR, logger="wmwatch.store"), wmwatch.attach(
-        NoQueriesSession(),
-        db=str(db),
-        metrics_port=None,
-        registry=registry,
-        listener="stock",
-        retention_days=None,  # the batches are dated long ago: keep them
-    ) as watch:
+    with (
+        caplog.at_level(logging.ERROR, logger="wmwatch.store"),
+        wmwatch.attach(
+            NoQueriesSession(),
+            db=str(db),
+            metrics_port=None,
+            registry=registry,
+            listener="stock",
+            retention_days=None,  # the batches are dated long ago: keep them
+        ) as watch,
+    ):
         assert watch.store is not None
         for snap in (refused, missing, fine):
             watch.store.record_progress(snap)

@@ -21,7 +21,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from tests.test_store import REPO, T0, progress
-from wmwatch._audit.report import watermark_delay_advice
+from wmwatch._audit.report.section import watermark_delay_advice
 from wmwatch._errors import UnknownQueryError
 from wmwatch._events import parse_terminated
 from wmwatch._report.build import build_report, parse_since
@@ -246,7 +246,7 @@ def test_late_rows_from_duckdb_and_parquet_and_active_findings(
         report = build_report(con, db=str(history))
     console = Console(file=io.StringIO(), width=120, color_system=None)
     render_table(report, console)
-    text = console.file.getvalue()  # type: ignore[attr-defined]
+    text = console.file.getvalue()  # type: ignore[attr-defined]  # a StringIO console
     assert "late rows audited" in text and "join_state_unbounded" in text
     assert "Parquet audit folders listed in audit_batches are gone" in text
     table = list(csv.DictReader(io.StringIO(render_csv(report))))

@@ -290,7 +290,11 @@ def test_page_draws_every_chart_in_chromium(history: Path, page: Path) -> None:
             # (how much ink depends on the run's data: two flat lines leave under 2%)
             ink, colours, coloured = _ink(screenshot, figure)
             assert ink > 0.01 and colours >= 4 and coloured > 0.0001, (
-                name, key, ink, colours, coloured
+                name,
+                key,
+                ink,
+                colours,
+                coloured,
             )
         assert charts["timeline"]["drawn"] == 4  # watermark, event time max, avg, min
         assert charts["lag"]["drawn"] == 2

@@ -375,7 +375,7 @@ def test_report_output_goes_through_a_fresh_private_file(tmp_path: Path) -> None
 def test_private_tree_makes_the_audit_folder_owner_only_and_leaves_links_alone(
     tmp_path: Path,
 ) -> None:
-    from wmwatch._audit.replay import private_folder, private_tree
+    from wmwatch._audit.replay.engine import private_folder, private_tree
 
     victim = _victim(tmp_path)
     query_folder = tmp_path / "late" / "q-1"

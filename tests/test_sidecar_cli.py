@@ -27,8 +27,12 @@ def invoke(*args: str) -> tuple[int, str]:
 
 def test_a_folder_that_is_no_checkpoint_is_one_line(tmp_path: Path) -> None:
     code, err = invoke(
-        "--checkpoint", str(tmp_path), "--events", "tests.sidecar_defs:events",
-        "--query", "tests.sidecar_defs:window",
+        "--checkpoint",
+        str(tmp_path),
+        "--events",
+        "tests.sidecar_defs:events",
+        "--query",
+        "tests.sidecar_defs:window",
     )
     assert code == 2
     assert err.count("\n") == 1 and "is not a streaming query's checkpoint" in err
@@ -58,8 +62,12 @@ def test_an_events_function_that_is_not_there_is_one_line(
 def test_a_query_function_that_is_not_there_is_one_line(tmp_path: Path) -> None:
     checkpoint = fake_checkpoint(tmp_path / "checkpoint")
     code, err = invoke(
-        "--checkpoint", str(checkpoint), "--events", "tests.sidecar_defs:events",
-        "--query", "tests.sidecar_defs:windows",
+        "--checkpoint",
+        str(checkpoint),
+        "--events",
+        "tests.sidecar_defs:events",
+        "--query",
+        "tests.sidecar_defs:windows",
     )
     assert code == 2
     assert err.count("\n") == 1 and "--query 'tests.sidecar_defs:windows'" in err, err
@@ -82,8 +90,14 @@ def test_a_history_inside_the_checkpoint_is_refused_and_nothing_is_written(
     db = checkpoint / where if not where.startswith("link/") else tmp_path / where
     before = sorted(p.relative_to(checkpoint) for p in checkpoint.rglob("*"))
     code, err = invoke(
-        "--checkpoint", str(checkpoint), "--events", "tests.sidecar_defs:events",
-        "--query", "tests.sidecar_defs:window", "--db", str(db),
+        "--checkpoint",
+        str(checkpoint),
+        "--events",
+        "tests.sidecar_defs:events",
+        "--query",
+        "tests.sidecar_defs:window",
+        "--db",
+        str(db),
     )
     assert code == 2
     assert err.count("\n") == 1 and "inside the checkpoint" in err and "elsewhere" in err, err

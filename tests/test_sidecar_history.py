@@ -9,9 +9,9 @@ from pathlib import Path
 import duckdb
 
 from tests.test_checkpoint_history import QUERY_ID, T0_MS, add_state, make_checkpoint
-from wmwatch._audit.sidecar_history import SidecarHistory
+from wmwatch._audit.sidecar.history import SidecarHistory
 from wmwatch._audit.sinks import BatchLateRows
-from wmwatch._checkpoint import CheckpointReader
+from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch._store.writer import HistoryStore
 
 _BATCHES = (

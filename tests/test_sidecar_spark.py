@@ -36,7 +36,7 @@ from tests.sidecar_defs import IN_VARIABLE
 from tests.sidecar_driver import many_files
 from tests.test_audit_kafka_restart_spark import _progress, spark_dropped_by_batch
 from tests.test_sidecar_cli import fake_checkpoint, invoke
-from wmwatch._checkpoint import CheckpointReader
+from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch._errors import AuditError, ConfigError
 from wmwatch.cli import app
 
@@ -72,17 +72,30 @@ def _sidecar(folder: Path, shape: str) -> subprocess.Popen[str]:
 def _sidecar_process(folder: Path, shape: str, log: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
-            sys.executable, "-m", "wmwatch.cli", "sidecar",
-            "--checkpoint", str(folder / "checkpoint"),
-            "--events", "tests.sidecar_defs:events",
-            "--query", f"tests.sidecar_defs:{shape}",
-            "--db", str(folder / "side.duckdb"),
-            "--name", f"sidecar_{shape}",
-            "--master", "local[1]",
-            "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.driver.memory=512m",
-            "--conf", "spark.sql.shuffle.partitions=1",
-            "--poll", "0.2",
+            sys.executable,
+            "-m",
+            "wmwatch.cli",
+            "sidecar",
+            "--checkpoint",
+            str(folder / "checkpoint"),
+            "--events",
+            "tests.sidecar_defs:events",
+            "--query",
+            f"tests.sidecar_defs:{shape}",
+            "--db",
+            str(folder / "side.duckdb"),
+            "--name",
+            f"sidecar_{shape}",
+            "--master",
+            "local[1]",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.driver.memory=512m",
+            "--conf",
+            "spark.sql.shuffle.partitions=1",
+            "--poll",
+            "0.2",
             "--json",
         ],
         cwd=ROOT,
@@ -173,9 +186,19 @@ def test_sidecar_of_a_stopped_query_finds_what_the_in_job_audit_found(
     started, listener = _streams_started(spark)
     monkeypatch.setenv(IN_VARIABLE, str(tmp_path / "in"))
     command = [
-        "sidecar", "--checkpoint", str(checkpoint),
-        "--events", "tests.sidecar_defs:events", "--query", "tests.sidecar_defs:window",
-        "--db", str(tmp_path / "side.duckdb"), "--name", "orders", "--once", "--json",
+        "sidecar",
+        "--checkpoint",
+        str(checkpoint),
+        "--events",
+        "tests.sidecar_defs:events",
+        "--query",
+        "tests.sidecar_defs:window",
+        "--db",
+        str(tmp_path / "side.duckdb"),
+        "--name",
+        "orders",
+        "--once",
+        "--json",
     ]
     result = runner.invoke(app, command)
     assert result.exit_code == 0, result.stderr
@@ -361,8 +384,14 @@ def test_events_that_raise_or_are_not_streaming_are_one_line(
     monkeypatch.setenv(IN_VARIABLE, str(tmp_path / "in"))
     checkpoint = fake_checkpoint(tmp_path / "checkpoint")
     code, err = invoke(
-        "--checkpoint", str(checkpoint), "--events", f"tests.sidecar_defs:{function}",
-        "--query", "tests.sidecar_defs:window", "--db", str(tmp_path / "side.duckdb"),
+        "--checkpoint",
+        str(checkpoint),
+        "--events",
+        f"tests.sidecar_defs:{function}",
+        "--query",
+        "tests.sidecar_defs:window",
+        "--db",
+        str(tmp_path / "side.duckdb"),
     )
     assert code == 2
     assert err.count("\n") == 1 and says in err, err
@@ -490,7 +519,10 @@ def test_what_spark_dropped_from_an_unreadable_source_is_unknown_never_zero(
     events = rate_events()
     with wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry) as watch:
         handle = watch.audit_checkpoint(
-            tmp_path / "checkpoint", events, counts(events), name="rates",
+            tmp_path / "checkpoint",
+            events,
+            counts(events),
+            name="rates",
             poll_interval_seconds=0.2,
         )
         assert handle.sync(60), handle.status()
@@ -546,19 +578,36 @@ def test_sidecar_of_a_kafka_query_finds_what_spark_dropped(
 
     side = subprocess.run(
         [
-            sys.executable, "-m", "wmwatch.cli", "sidecar",
-            "--checkpoint", str(tmp_path / "checkpoint"),
-            "--events", "tests.sidecar_defs:kafka_events",
-            "--query", "tests.sidecar_defs:dedupe",
-            "--db", str(tmp_path / "side.duckdb"),
-            "--name", "kafka_dedupe",
-            "--master", "local[1]",
-            "--conf", f"spark.jars={','.join(connector_jars())}",
-            "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.driver.memory=512m",
-            "--conf", "spark.sql.shuffle.partitions=1",
-            "--conf", "spark.sql.session.timeZone=UTC",
-            "--once", "--timeout", "240", "--json",
+            sys.executable,
+            "-m",
+            "wmwatch.cli",
+            "sidecar",
+            "--checkpoint",
+            str(tmp_path / "checkpoint"),
+            "--events",
+            "tests.sidecar_defs:kafka_events",
+            "--query",
+            "tests.sidecar_defs:dedupe",
+            "--db",
+            str(tmp_path / "side.duckdb"),
+            "--name",
+            "kafka_dedupe",
+            "--master",
+            "local[1]",
+            "--conf",
+            f"spark.jars={','.join(connector_jars())}",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.driver.memory=512m",
+            "--conf",
+            "spark.sql.shuffle.partitions=1",
+            "--conf",
+            "spark.sql.session.timeZone=UTC",
+            "--once",
+            "--timeout",
+            "240",
+            "--json",
         ],
         cwd=ROOT,
         capture_output=True,

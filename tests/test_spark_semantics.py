@@ -547,7 +547,7 @@ def test_transform_with_state_drops_only_in_event_time_mode(
         def init(self, handle: Any) -> None:
             pass
 
-        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802, N803
             yield from (frame[["k", "ts"]] for frame in rows)
 
         def close(self) -> None:

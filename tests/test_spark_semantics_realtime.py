@@ -16,6 +16,7 @@ from tests.realtime import RealTimeRun
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
+
 @pytest.fixture
 def rt(spark: Any, tmp_path: Any) -> Iterator[RealTimeRun]:
     handle = RealTimeRun(spark, tmp_path)

@@ -1,7 +1,7 @@
 """wmwatch: watermark monitoring and late-data auditing for Spark Structured Streaming.
 
-    import wmwatch
-    watch = wmwatch.attach(spark, db="wmwatch.duckdb", metrics_port=9108)
+import wmwatch
+watch = wmwatch.attach(spark, db="wmwatch.duckdb", metrics_port=9108)
 """
 
 from wmwatch._attach import Watch, attach

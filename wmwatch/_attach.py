@@ -271,9 +271,9 @@ class Watch:
         """Audit another application's query from its checkpoint (running or stopped): the
         same late rows, markers and metrics as :meth:`audit`, with nothing run in its driver.
 
-        See :func:`wmwatch._audit.sidecar.start_sidecar` for the options.
+        See :func:`wmwatch._audit.sidecar.run.start_sidecar` for the options.
         """
-        from wmwatch._audit.sidecar import start_sidecar
+        from wmwatch._audit.sidecar.run import start_sidecar
 
         return start_sidecar(self, checkpoint, events, query, **options)
 
@@ -300,7 +300,7 @@ class Watch:
             for plugin in self.plugins():
                 try:
                     plugin.close()
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("wmwatch: plugin %s failed to close", plugin.name)
             if self.store is not None:
                 self.store.close()

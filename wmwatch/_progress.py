@@ -28,7 +28,7 @@ _MAX_NAME_CHARS = 200
 _MAX_DESCRIPTION_CHARS = 1000
 # QueryProgressEvent.json() on the JVM side: {"progress":{...}}
 _EVENT_PREFIX = '{"progress"'
-_EVENT_COLON = re.compile(r'[ \t\n\r]*:')
+_EVENT_COLON = re.compile(r"[ \t\n\r]*:")
 _JSON_SPACE = " \t\n\r"
 
 

@@ -23,7 +23,7 @@ def main(work: Path, seconds: float) -> None:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
     from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQueryListener  # type: ignore[attr-defined]
+    from pyspark.sql.streaming import StreamingQueryListener  # type: ignore[attr-defined]  # exported untyped
 
     import wmwatch
 

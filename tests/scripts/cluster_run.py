@@ -53,8 +53,8 @@ def _windows(spark: Any, watch: Any, folder: Path) -> dict[str, Any]:
     from tests.test_audit_spark import SCHEMA, stream_files
 
     (folder / "in").mkdir(parents=True)
-    events = spark.readStream.schema(SCHEMA).json(str(folder / "in")).withWatermark(
-        "ts", "10 seconds"
+    events = (
+        spark.readStream.schema(SCHEMA).json(str(folder / "in")).withWatermark("ts", "10 seconds")
     )
     query = (
         events.groupBy(F.window("ts", "10 seconds"))

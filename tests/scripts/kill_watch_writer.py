@@ -17,7 +17,7 @@ from tests.scripts.safety_support import NoQueriesSession, progress_event_json
 
 def audit_marker(query_id: str, batch_id: int) -> object:
     def write(con: object) -> None:
-        con.execute(  # type: ignore[attr-defined]
+        con.execute(  # type: ignore[attr-defined]  # a private attribute, on purpose
             "INSERT OR REPLACE INTO audit_batches (query_id, batch_id, run_id, late_watermark_at, "
             "late_rows, sink, location, audited_at) "
             "VALUES (?, ?, 'run-1', NULL, ?, 'duckdb', NULL, now())",

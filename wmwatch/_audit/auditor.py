@@ -5,18 +5,18 @@ Design (chosen over a side streaming query, see docs/audit.md): after the produc
 batch N, replay exactly N's input and apply N's late-row rule in Spark.
 
 - *Which rows*: the files batch N read, from the production checkpoint (offsets + the file
-  source's log, see :mod:`wmwatch._checkpoint`); files are immutable, so re-reading
+  source's log, see :mod:`wmwatch._checkpoint.reader`); files are immutable, so re-reading
   gives N's rows.
 - *Which rule*: the watermark in ``offsets/N-1`` (Spark's late-row filter in N uses the previous
-  batch's watermark) and the operator's predicate (:mod:`wmwatch._audit.predicates`).
+  batch's watermark) and the operator's predicate (:mod:`wmwatch._audit.replay.predicates`).
 - *Cheap when nothing is late*: when progress says N's smallest event time cannot be late, N is
   recorded as audited with 0 rows and no Spark job runs.
 - *Exactly once*: the late rows of N and its ``audit_batches`` marker are written in one DuckDB
   transaction after deleting N's rows (:mod:`wmwatch._audit.sinks`; Parquet: the batch
   directory is overwritten first, the marker written after); on start the audit resumes after
   the batches already marked.
-- *Bounded, whatever the data does*: the replay (:mod:`wmwatch._audit.replay`) moves late rows
-  to the driver a chunk at a time and runs every Spark job under a deadline.
+- *Bounded, whatever the data does*: the replay (:mod:`wmwatch._audit.replay.engine`) moves late
+  rows to the driver a chunk at a time and runs every Spark job under a deadline.
 - *Falling behind*: a batch whose checkpoint entries are gone is logged with the reason, counted
   as lost and passed over, so the batches after it are still audited
   (:mod:`wmwatch._audit.retention`).
@@ -25,7 +25,7 @@ The work runs on the audit's own thread in its own FAIR scheduler pool, and each
 waits (bounded) until the application is idle, which is how it yields under FIFO, where pools
 are ignored (:mod:`wmwatch._audit.pacing`). The plugin hook on the watch's worker thread only
 records "batch N finished, min event time X" and wakes that thread. Which source a batch is read
-from is the replay inputs' business (:mod:`wmwatch._audit.sources`): the loop names no kind.
+from is the replay inputs' business (:mod:`wmwatch._audit.replay.sources`): the loop names no kind.
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from wmwatch._audit.jumps import JumpWatch, TopRow, read_top_rows
+from wmwatch._audit.jumps.watch import JumpWatch, TopRow, read_top_rows
 from wmwatch._audit.pacing import YIELD_FACTOR, IdleWait, SlotGate
-from wmwatch._audit.predicates import OperatorSpec, batch_may_have_late_rows
-from wmwatch._audit.replay import Replayer, ReplayInput
+from wmwatch._audit.replay.engine import Replayer, ReplayInput
+from wmwatch._audit.replay.predicates import OperatorSpec, batch_may_have_late_rows
+from wmwatch._audit.replay.sources.base import UnreplayableSource
 from wmwatch._audit.retention import Retention, log_lost
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows, InputCount, LateRow
-from wmwatch._audit.sources.base import UnreplayableSource
 from wmwatch._audit.status import AuditCounters, audit_status
-from wmwatch._checkpoint import CheckpointEntryGone, CheckpointReader
+from wmwatch._checkpoint.reader import CheckpointEntryGone, CheckpointReader
 from wmwatch._errors import AuditError
 from wmwatch._text import get_logger
 
@@ -92,7 +92,7 @@ class Auditor:
         yield_factor: float = YIELD_FACTOR,
     ) -> None:
         self.query_id = query_id
-        # who moved the watermark: checked after each audited batch (wmwatch._audit.jumps)
+        # who moved the watermark: checked after each audited batch (wmwatch._audit.jumps.watch)
         self.jumps = jumps
         self.query_name = query_name
         self.label = label
@@ -185,9 +185,7 @@ class Auditor:
         """
         with self._lock:
             finish_at = self._finish_at
-        return (
-            finish_at is not None and pass_started - finish_at >= self.progress_grace_seconds
-        )
+        return finish_at is not None and pass_started - finish_at >= self.progress_grace_seconds
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -298,7 +296,7 @@ class Auditor:
                 if caught_up and self._finished(pass_started):
                     log.info("wmwatch: audit of %s finished: its query run stopped", self.label)
                     break
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a failed pass is counted and retried; the loop never dies
                 failures += 1
                 with self._lock:
                     self._counters.add_error(exc)
@@ -571,4 +569,3 @@ class Auditor:
             self._done.add(batch_id)
             self._counters.add_batch(batch_id, found)
             self._audited_cond.notify_all()
-

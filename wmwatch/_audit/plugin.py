@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from wmwatch._audit.auditor import Auditor
-from wmwatch._audit.jumps import BatchTimes
+from wmwatch._audit.jumps.watch import BatchTimes
 from wmwatch._core.plugins import WatchContext, WatchPlugin
 from wmwatch._events import QueryTerminated
 from wmwatch._progress import ProgressSnapshot
@@ -192,7 +192,16 @@ class AuditPlugin(WatchPlugin):
         for label, batches in sorted(remaining.items()):
             retention.add_metric([label], batches)
         return [
-            late, by_operator, over_cap, storms, lag_b, lag_s, errors, lost, kept_behind, retention
+            late,
+            by_operator,
+            over_cap,
+            storms,
+            lag_b,
+            lag_s,
+            errors,
+            lost,
+            kept_behind,
+            retention,
         ]
 
     def close(self) -> None:

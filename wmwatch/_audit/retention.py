@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from wmwatch._checkpoint import (
+from wmwatch._checkpoint.reader import (
     MIN_BATCHES_TO_RETAIN_KEY,
     CheckpointReader,
     batches_until_purge,
@@ -88,9 +88,7 @@ def session_retain_value(spark: Any, query_id: str) -> str | None:
         query = spark.streams.get(query_id)
         jsq = getattr(query, "_jsq", None) if query is not None else None
         if jsq is not None:
-            value = jsq.streamingQuery().sparkSession().conf().get(
-                MIN_BATCHES_TO_RETAIN_KEY, None
-            )
+            value = jsq.streamingQuery().sparkSession().conf().get(MIN_BATCHES_TO_RETAIN_KEY, None)
             if value is not None:
                 return str(value)
     except Exception:  # noqa: BLE001 - the session's own conf is the next best answer

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from wmwatch._core.plugins import HistoryAccess
 
+
 def local_path(location: str) -> str | None:
     """The local path of an audit folder (``file:`` URIs and plain paths); None for another
     file system (HDFS, an object store), which keeps its own permissions and is not listed."""

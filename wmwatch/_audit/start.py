@@ -10,23 +10,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from wmwatch._audit import connect, sources
 from wmwatch._audit.auditor import Auditor, Resolved
-from wmwatch._audit.events_replay import as_written
-from wmwatch._audit.jumps import (
+from wmwatch._audit.jumps.watch import (
     DEFAULT_AHEAD_SECONDS,
     DEFAULT_JUMP_SECONDS,
     JumpHistory,
     JumpWatch,
     Thresholds,
 )
-from wmwatch._audit.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
-from wmwatch._audit.predicates import JOIN, OperatorSpec
-from wmwatch._audit.replay import Replayer, ReplayInput
+from wmwatch._audit.replay import connect, sources
+from wmwatch._audit.replay.engine import Replayer, ReplayInput
+from wmwatch._audit.replay.events import as_written
+from wmwatch._audit.replay.plan import ReplayPlan, apply_overrides, parse_plan
+from wmwatch._audit.replay.predicates import JOIN, OperatorSpec
+from wmwatch._audit.replay.sources.base import ConnectFound, Found
 from wmwatch._audit.sinks import AuditHistory
-from wmwatch._audit.sources.base import ConnectFound, Found
-from wmwatch._checkpoint import CheckpointReader, HadoopFileSystem, local_root
+from wmwatch._checkpoint.reader import CheckpointReader, HadoopFileSystem, local_root
 from wmwatch._core.plugins import HistoryAccess, WatchContext
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
@@ -93,7 +93,7 @@ def _watermarked_column(events: Any) -> str | None:
     """The column of ``events`` that carries a watermark (Spark's event-time column)."""
     try:
         fields = events.schema.fields
-    except Exception:
+    except Exception:  # noqa: BLE001 - a frame whose schema cannot be read has no watermark here
         return None
     return next((f.name for f in fields if _DELAY_KEY in (f.metadata or {})), None)
 
@@ -106,8 +106,8 @@ def _source_of(
     connect_sources: Mapping[int, ConnectFound],
 ) -> Found:
     """Where the source ``frame`` reads sits in the query (candidate source indexes), how to
-    read it again given its index, and a name for messages (:mod:`wmwatch._audit.sources`). On
-    Spark Connect the source was read off the client's plan when the audit started; its position
+    read it again given its index, and a name for messages (:mod:`wmwatch._audit.replay.sources`).
+    On Spark Connect the source was read off the client's plan when the audit started; its position
     comes from the query's progress (a query with one source needs none)."""
     if isinstance(query_plan, connect.ConnectQuery):
         return connect_sources[id(frame)](query_plan.source_descriptions())
@@ -193,11 +193,11 @@ def _classic_plan(query: Any, checkpoint: str | os.PathLike[str] | None) -> tupl
     engine = jsq_wrapper.streamingQuery()
     try:
         query_plan = engine.analyzedPlan()
-    except Exception:
+    except Exception:  # noqa: BLE001 - older Spark: no analysed plan on the engine
         query_plan = engine.logicalPlan()
     try:
         complete = str(engine.outputMode().toString()).lower() == "complete"
-    except Exception:
+    except Exception:  # noqa: BLE001 - internal API: unknown means not complete mode
         complete = False
     if complete:
         raise AuditError(_COMPLETE_MODE)

@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.replay import ReplayInput
+from wmwatch._audit.replay.engine import ReplayInput
+from wmwatch._audit.replay.sources.base import UnreplayableSource
 from wmwatch._audit.sinks import BatchLateRows
-from wmwatch._audit.sources.base import UnreplayableSource
 from wmwatch._text import error_line
 
 
@@ -109,7 +109,7 @@ def audit_status(
     """The status of one audit (a fresh dict): its query and inputs, its counters and its lag
     behind the query's commits, in batches and in seconds since the oldest pending commit; then
     ``jumps``, the watermark-jump forensics' own keys
-    (:meth:`wmwatch._audit.jumps.JumpWatch.status`)."""
+    (:meth:`wmwatch._audit.jumps.watch.JumpWatch.status`)."""
     spec = inputs[0].spec if inputs else None
     latest = c.latest_committed_batch
     last = c.last_audited_batch

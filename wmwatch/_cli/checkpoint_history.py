@@ -1,7 +1,7 @@
 """The ``wmwatch checkpoint-history`` command: a query's history from its checkpoint alone.
 
-Reading is in :mod:`wmwatch._inspect.checkpoint_history`, the state counts in
-:mod:`wmwatch._inspect.checkpoint_state`. pyspark starts only when it is needed (a checkpoint
+Reading is in :mod:`wmwatch._checkpoint.history`, the state counts in
+:mod:`wmwatch._checkpoint.state`. pyspark starts only when it is needed (a checkpoint
 that is not on a local filesystem, or state to count), so a bad path fails in a blink.
 """
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from wmwatch._inspect.checkpoint_history import CheckpointHistory
+    from wmwatch._checkpoint.history import CheckpointHistory
 
 _COMMAND = "wmwatch checkpoint-history"
 
@@ -85,7 +85,7 @@ def checkpoint_history(
     works on the result. Reads the checkpoint only; never writes into it. Running it again
     replaces what it wrote before; batches a listener recorded are kept as they are.
     """
-    from wmwatch._checkpoint import inside_local_checkpoint, local_root
+    from wmwatch._checkpoint.reader import inside_local_checkpoint, local_root
 
     local = local_root(checkpoint)
     if local is not None and not os.path.isdir(local):
@@ -111,9 +111,9 @@ def checkpoint_history(
 
 
 def _read(checkpoint: str, local: str | None, spark_for: Any) -> CheckpointHistory:
-    from wmwatch._checkpoint import CheckpointReader, HadoopFileSystem
+    from wmwatch._checkpoint.history import read_checkpoint
+    from wmwatch._checkpoint.reader import CheckpointReader, HadoopFileSystem
     from wmwatch._errors import WmwatchError
-    from wmwatch._inspect.checkpoint_history import read_checkpoint
     from wmwatch._text import error_line
 
     try:
@@ -140,8 +140,8 @@ def _count_state(
     last: int | None,
     timeout_seconds: float,
 ) -> tuple[CheckpointHistory, int]:
-    from wmwatch._inspect.checkpoint_history import batches_to_count
-    from wmwatch._inspect.checkpoint_state import count_state_rows
+    from wmwatch._checkpoint.history import batches_to_count
+    from wmwatch._checkpoint.state import count_state_rows
 
     ids = batches_to_count(history, last)
     if not ids:
@@ -164,12 +164,12 @@ def _count_state(
 
 
 def _write(history: CheckpointHistory, db: Path, name: str | None, state_counted: int) -> None:
-    from wmwatch._errors import StoreError
-    from wmwatch._inspect.checkpoint_history import (
+    from wmwatch._checkpoint.history import (
         Written,
         listener_batches,
         write_history,
     )
+    from wmwatch._errors import StoreError
     from wmwatch._store.writer import HistoryStore
 
     read_at = datetime.now(UTC)

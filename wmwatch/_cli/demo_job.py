@@ -97,8 +97,15 @@ class DemoResult:
 class EventGenerator(threading.Thread):
     """Writes one file of events every ``interval_seconds``; a share of them late."""
 
-    def __init__(self, folder: Path, *, interval_seconds: float = 0.5, rows_per_file: int = 40,
-                 late_share: float = 0.05, seed: int = 7) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        interval_seconds: float = 0.5,
+        rows_per_file: int = 40,
+        late_share: float = 0.05,
+        seed: int = 7,
+    ) -> None:
         super().__init__(name="wmwatch-demo-generator", daemon=True)
         self.folder = folder
         self.interval_seconds = interval_seconds
@@ -119,13 +126,17 @@ class EventGenerator(threading.Thread):
                     event_time = now - timedelta(seconds=self.random.uniform(15, 90))
                 else:
                     event_time = now - timedelta(seconds=self.random.uniform(0, 4))
-                lines.append(json.dumps({
-                    "event_time": event_time.isoformat(timespec="milliseconds").replace(
-                        "+00:00", "Z"
-                    ),
-                    "user": self.random.choice(users),
-                    "amount": round(self.random.uniform(1, 200), 2),
-                }))
+                lines.append(
+                    json.dumps(
+                        {
+                            "event_time": event_time.isoformat(timespec="milliseconds").replace(
+                                "+00:00", "Z"
+                            ),
+                            "user": self.random.choice(users),
+                            "amount": round(self.random.uniform(1, 200), 2),
+                        }
+                    )
+                )
             tmp = self.folder.parent / f".part-{self.files:06d}.tmp"
             tmp.write_text("\n".join(lines) + "\n")
             os.replace(tmp, self.folder / f"part-{self.files:06d}.json")
@@ -278,7 +289,8 @@ def run_demo(
                     lag = snap.watermark_lag_seconds
                     stats = (
                         f"batch {snap.batch_id}  rows {state.input_rows_total}  "
-                        f"dropped {dropped}  lag {lag:.1f}s" if lag is not None
+                        f"dropped {dropped}  lag {lag:.1f}s"
+                        if lag is not None
                         else f"batch {snap.batch_id}  rows {state.input_rows_total}"
                     )
                 progress.update(task, completed=elapsed, stats=stats)

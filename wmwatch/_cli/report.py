@@ -174,7 +174,8 @@ def _is_history(target: Path, db: Path) -> bool:
         return True
     with contextlib.suppress(OSError):
         return any(
-            os.path.samefile(target, other) for other in (db, f"{db}.wal", f"{db}.lock")
+            os.path.samefile(target, other)
+            for other in (db, f"{db}.wal", f"{db}.lock")
             if os.path.exists(other)
         )
     return False

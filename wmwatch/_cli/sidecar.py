@@ -1,7 +1,7 @@
 """The ``wmwatch sidecar`` command: audit another application's query from its checkpoint.
 
 It starts a Spark application of its own (pyspark is imported inside the command), builds the
-user's definition of the query in it, and runs :func:`wmwatch._audit.sidecar.start_sidecar`
+user's definition of the query in it, and runs :func:`wmwatch._audit.sidecar.run.start_sidecar`
 until stopped (Ctrl-C, SIGTERM) or, with ``--once``, until what is committed is audited.
 """
 
@@ -89,9 +89,7 @@ def sidecar(
     ] = None,
     hash_columns: Annotated[
         str | None,
-        typer.Option(
-            "--hash-columns", help="Comma-separated columns stored as SHA-256 (or HMAC)."
-        ),
+        typer.Option("--hash-columns", help="Comma-separated columns stored as SHA-256 (or HMAC)."),
     ] = None,
     master: Annotated[
         str | None,
@@ -112,8 +110,8 @@ def sidecar(
     watch.audit(); `wmwatch report --db` reads them. Restarting resumes after the batches the
     history marks.
     """
-    from wmwatch._audit.sidecar import checkpoint_query_id, load_function
-    from wmwatch._checkpoint import CheckpointReader, inside_local_checkpoint, local_root
+    from wmwatch._audit.sidecar.run import checkpoint_query_id, load_function
+    from wmwatch._checkpoint.reader import CheckpointReader, inside_local_checkpoint, local_root
     from wmwatch._errors import WmwatchError
 
     if inside_local_checkpoint(db, checkpoint):
@@ -201,7 +199,7 @@ def _run(
     as_json: bool,
 ) -> None:
     import wmwatch
-    from wmwatch._audit.sidecar import call_definition
+    from wmwatch._audit.sidecar.run import call_definition
     from wmwatch._errors import WmwatchError
 
     watch = wmwatch.attach(spark, db=str(db), metrics_port=metrics_port or None, strict=True)

@@ -218,7 +218,7 @@ class ListenerRegistration:
                 spark.streams._jsqm.addListener(self._jwrapper)
                 health.listener_mode = "py4j"
                 return
-            except Exception as exc:  # noqa: BLE001 - internal API: fall back
+            except Exception as exc:
                 self._jwrapper = None
                 if mode == "py4j":
                     raise

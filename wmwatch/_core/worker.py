@@ -139,7 +139,7 @@ class Worker:
             except ProgressParseError as exc:
                 self._health.error(f"parse:{event.kind}")
                 log.warning("wmwatch: ignoring a malformed %s event: %s", event.kind, exc)
-            except Exception:  # noqa: BLE001 - the worker must survive anything
+            except Exception:
                 self._health.error(f"handle:{event.kind}")
                 log.exception("wmwatch: failed to handle a %s event", event.kind)
             finally:
@@ -197,7 +197,7 @@ class Worker:
         for plugin in self._plugins():
             try:
                 getattr(plugin, hook)(event)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 self._health.error(f"plugin:{plugin.name}")
                 log.exception("wmwatch: plugin %s failed in %s", plugin.name, hook)
 

@@ -281,7 +281,7 @@ def _state_location(node: Any) -> str | None:
     try:
         info = _option(node.stateInfo())
         return str(info.checkpointLocation()) if info is not None else None
-    except Exception:
+    except Exception:  # noqa: BLE001 - internal API: no location is a fact, not an error
         return None
 
 
@@ -291,12 +291,12 @@ def _policy_from_jvm(stream_execution: Any, execution: Any) -> str:
         value = _option(conf.get("spark.sql.streaming.multipleWatermarkPolicy"))
         if value is not None:
             return policy_from_conf({"spark.sql.streaming.multipleWatermarkPolicy": str(value)})
-    except Exception:
+    except Exception:  # noqa: BLE001 - internal API: fall back to the tracker below
         pass
     try:
         text = str(_field(stream_execution.watermarkTracker(), "policy").toString())
         return "max" if "Max" in text else "min"
-    except Exception:
+    except Exception:  # noqa: BLE001 - internal API: Spark's default policy
         return "min"
 
 
@@ -315,7 +315,7 @@ def read_watermarks_jvm(stream_execution: Any, facts: PlanFacts) -> WatermarkRea
                 late_ms = propagator.getInputWatermarkForLateEvents(batch_id, op_id)
                 eviction_ms = propagator.getInputWatermarkForEviction(batch_id, op_id)
                 late_at, eviction_at = from_epoch_ms(late_ms), from_epoch_ms(eviction_ms)
-            except Exception:
+            except Exception:  # noqa: BLE001 - internal API: watermarks unknown for this batch
                 late_at = eviction_at = None
             operators.append(OperatorWatermark(op_id, op_name, late_at, eviction_at))
     nodes: dict[str, datetime | None] = {}

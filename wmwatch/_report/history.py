@@ -2,8 +2,8 @@
 
 The summary in :mod:`wmwatch._report.build` gives one figure per query; a chart needs the figures
 of every batch. This module reads them from the core tables (``batches``, ``operators``) and asks
-each feature for the series of its own tables (:mod:`wmwatch._audit.history`,
-:mod:`wmwatch._inspect.history`). Series are column arrays (epoch seconds for instants, NaN for
+each feature for the series of its own tables (:mod:`wmwatch._audit.report.series`,
+:mod:`wmwatch._inspect.series`). Series are column arrays (epoch seconds for instants, NaN for
 missing values) so that 100,000 batches cost one fetch each, not 100,000 Python objects.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from wmwatch._audit.history import LateRowsHistory, load_late_rows_history
-from wmwatch._inspect.history import WatermarksHistory, load_watermarks_history
+from wmwatch._audit.report.series import LateRowsHistory, load_late_rows_history
+from wmwatch._inspect.series import WatermarksHistory, load_watermarks_history
 from wmwatch._report.model import Report
 from wmwatch._section import Scope
 

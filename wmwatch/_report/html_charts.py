@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from wmwatch._audit.history import bin_edges_seconds
-from wmwatch._inspect.history import InputSeries, JoinBudget
+from wmwatch._audit.report.series import bin_edges_seconds
+from wmwatch._inspect.series import InputSeries, JoinBudget
 from wmwatch._report.history import Floats, QueryHistory
 
 if TYPE_CHECKING:

@@ -7,10 +7,10 @@ it here.
 
 from __future__ import annotations
 
-from wmwatch._audit.jumps_report import WATERMARK_JUMPS_SECTION
-from wmwatch._audit.report import LATE_ROWS_SECTION
-from wmwatch._inspect.checkpoint_report import CHECKPOINT_SECTION
-from wmwatch._inspect.report import FINDINGS_SECTION, WATERMARKS_SECTION
+from wmwatch._audit.jumps.section import WATERMARK_JUMPS_SECTION
+from wmwatch._audit.report.section import LATE_ROWS_SECTION
+from wmwatch._checkpoint.section import CHECKPOINT_SECTION
+from wmwatch._inspect.section import FINDINGS_SECTION, WATERMARKS_SECTION
 from wmwatch._section import Section
 
 SECTIONS: tuple[Section, ...] = (

@@ -111,7 +111,7 @@ def _reader(
                 read_as_latest(con, version)
         except StoreError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - DuckDB raises many kinds; each becomes one StoreError line
             raise StoreError(describe_open_error(db, exc)) from None
         yield con
     finally:
@@ -533,7 +533,7 @@ def open_for_writing(path: Path, *, timeout_seconds: float) -> OpenedHistory:
         history = read_history(con)
     except StoreError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - DuckDB raises many kinds; each becomes one StoreError line
         raise StoreError(describe_open_error(path, exc)) from None
     finally:
         con.close()

@@ -273,7 +273,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "watermark_jumps and watermark_jump_rows: who moved the watermark, and what it cost",
         (
             # a batch whose event time ran ahead of its own time, or that moved the watermark
-            # far ahead (found by the audit, see wmwatch._audit.jumps)
+            # far ahead (found by the audit, see wmwatch._audit.jumps.watch)
             """
             CREATE TABLE IF NOT EXISTS watermark_jumps (
                 query_id            VARCHAR NOT NULL,
@@ -431,9 +431,7 @@ def read_as_latest(con: duckdb.DuckDBPyConnection, version: int) -> None:
     catalog = str(row[0]).replace('"', '""') if row else "main"
     for name, columns in added.items():
         extra = ", ".join(f"NULL::{kind} AS {col}" for col, kind in columns)
-        con.execute(
-            f'CREATE TEMP VIEW {name} AS SELECT *, {extra} FROM "{catalog}".main.{name}'
-        )
+        con.execute(f'CREATE TEMP VIEW {name} AS SELECT *, {extra} FROM "{catalog}".main.{name}')
 
 
 def migrate(con: duckdb.DuckDBPyConnection, path: Path | str) -> int:

@@ -441,7 +441,7 @@ class HistoryStore:
                     )
                 migrate(con, self.path)
                 self._verified_file = identity
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure to open is the file being unavailable
             self._engine.detach()
             raise _Unavailable(
                 str(exc) if isinstance(exc, StoreError) else error_line(exc)
@@ -517,7 +517,7 @@ class HistoryStore:
             try:
                 self._cycle(reads)
                 self._reader_gap_until = time.monotonic() + _READER_GAP_SECONDS
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the writer thread never dies; counted and logged
                 _log.exception("wmwatch history writer failed unexpectedly; it goes on")
                 self._count_error(error_line(exc))
             self._pace(time.thread_time() - cpu_before)
@@ -562,7 +562,7 @@ class HistoryStore:
                 if request.future.set_running_or_notify_cancel():
                     try:
                         request.future.set_result(request.fn(con))
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - handed to the caller through its future
                         request.future.set_exception(exc)
         finally:
             self._engine.detach()
@@ -620,7 +620,7 @@ class HistoryStore:
         except _Unavailable as exc:
             _rollback(con)
             return 0, 0, chunk, str(exc)
-        except Exception:
+        except Exception:  # noqa: BLE001 - retried one write at a time below
             _rollback(con)
         # Some write raised on its own: run each in its own transaction so only it is skipped.
         written = failed = 0
@@ -631,7 +631,7 @@ class HistoryStore:
                     _run_writes(con, [item])
                 except _Unavailable:
                     raise
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - one bad write is skipped and counted, never the rest
                     _rollback(con)
                     message = error_line(exc)
                     if self._write_without_progress_json(con, item, message):

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from wmwatch._checkpoint.history import StateOperator
 from wmwatch._core.spark_jobs import JobTimeoutError, bounded_job
-from wmwatch._inspect.checkpoint_history import StateOperator
 from wmwatch._text import error_line, get_logger
 
 _log = get_logger("wmwatch.checkpoint")
@@ -72,8 +72,7 @@ def _count(
     deadline = time.monotonic() + timeout_seconds
     countable = [op for op in operators if op.countable]
     problems.extend(
-        f"operator {op.operator_id} ({op.name}): its state is not counted (kept in column "
-        "families)"
+        f"operator {op.operator_id} ({op.name}): its state is not counted (kept in column families)"
         for op in operators
         if not op.countable
     )

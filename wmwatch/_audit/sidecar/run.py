@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from wmwatch._audit.auditor import Auditor
-from wmwatch._audit.plan import apply_overrides, parse_plan
 from wmwatch._audit.plugin import audit_plugin
-from wmwatch._audit.replay import Replayer, ReplayInput
-from wmwatch._audit.sidecar_history import SidecarHistory
-from wmwatch._audit.sources.files import FileBatchSource
+from wmwatch._audit.replay.engine import Replayer, ReplayInput
+from wmwatch._audit.replay.plan import apply_overrides, parse_plan
+from wmwatch._audit.replay.sources.files import FileBatchSource
+from wmwatch._audit.sidecar.history import SidecarHistory
 from wmwatch._audit.start import (
     _COMPLETE_MODE,
     DEFAULT_JOB_TIMEOUT_SECONDS,
@@ -43,7 +43,7 @@ from wmwatch._audit.start import (
     _replay_inputs,
     checked_options,
 )
-from wmwatch._checkpoint import (
+from wmwatch._checkpoint.reader import (
     CheckpointReader,
     HadoopFileSystem,
     inside_local_checkpoint,
@@ -399,7 +399,7 @@ def load_function(spec: str, option: str) -> Callable[..., Any]:
             f"{option} {spec!r}: {where} has no function {attr!r}; name the function that "
             "builds it."
         )
-    return function  # type: ignore[no-any-return]
+    return function  # type: ignore[no-any-return]  # a user's function, checked callable above
 
 
 def call_definition(function: Callable[..., Any], argument: Any, option: str, spec: str) -> Any:

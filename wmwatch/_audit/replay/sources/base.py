@@ -5,7 +5,7 @@ A source the audit can read again is a :class:`BatchSource`: it says what batch 
 query's checkpoint) and reads exactly that again as a batch DataFrame. A kind of source is a
 :class:`SourceKind`: whether a streaming relation of the query's plan is of that kind, and how to
 build its :class:`BatchSource` (:class:`Found`). The kinds are registered, in order, in
-:data:`wmwatch._audit.sources.KINDS`.
+:data:`wmwatch._audit.replay.sources.KINDS`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from wmwatch._checkpoint import CheckpointReader
+from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 
 # The column that carries each replayed row's file (null for sources without files).
@@ -63,7 +63,7 @@ ConnectFound = Callable[[Sequence[str]], Found]
 @dataclass(frozen=True, slots=True)
 class SourceKind:
     """One kind of source the audit reads again, registered once in
-    :data:`wmwatch._audit.sources.KINDS`.
+    :data:`wmwatch._audit.replay.sources.KINDS`.
 
     ``matches(spark, relation)``: whether a streaming relation of a classic query's plan (JVM)
     reads this kind. ``found(spark, events, relation, positions, plan_text)``: the source as

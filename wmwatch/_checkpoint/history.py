@@ -14,8 +14,8 @@ What each field comes from (docs/checkpoint-history.md has the full table):
   listener's ``numRowsTotal`` says for batch N.
 
 Parsing here is pure (text in, values out); the files come through the audit's
-:class:`~wmwatch._checkpoint.CheckpointReader`, the state counts through
-:mod:`wmwatch._inspect.checkpoint_state`. Nothing here writes into the checkpoint.
+:class:`~wmwatch._checkpoint.reader.CheckpointReader`, the state counts through
+:mod:`wmwatch._checkpoint.state`. Nothing here writes into the checkpoint.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from wmwatch._checkpoint import (
+from wmwatch._checkpoint.reader import (
     CheckpointReader,
     FileSystem,
     OffsetsEntry,
@@ -433,8 +433,10 @@ def _damaged(root: str, exc: AuditError) -> str:
             f"{text.split(':', 1)[0]} in {root}: the checkpoint is in a format this wmwatch "
             "does not know; upgrade wmwatch"
         )
-    return f"{text} ({root}): restore that file from a copy of the checkpoint, or pass a copy " \
+    return (
+        f"{text} ({root}): restore that file from a copy of the checkpoint, or pass a copy "
         "of the checkpoint without it"
+    )
 
 
 # -- rows -----------------------------------------------------------------------------------------

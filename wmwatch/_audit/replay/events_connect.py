@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.events_refusals import (
+from wmwatch._audit.replay.refusals import (
     batch_time_reason,
     nondeterministic_reason,
     refused,

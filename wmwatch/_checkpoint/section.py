@@ -53,8 +53,7 @@ def render_checkpoint_reads(reads: Sequence[Mapping[str, Any]]) -> Table:
             format_at(read["read_at"], zone=False),
             f"{_batch(read['oldest_offsets_batch'])} / {_batch(read['oldest_commit_batch'])} / "
             f"{_batch(read['oldest_state_batch'])}",
-            f"{read['batches_written']} / {read['batches_kept']} / "
-            f"{read['state_batches_counted']}",
+            f"{read['batches_written']} / {read['batches_kept']} / {read['state_batches_counted']}",
         )
     table.caption = (
         "Spark keeps spark.sql.streaming.minBatchesToRetain batches "

@@ -9,10 +9,11 @@ the batch's plan. The batch's columns are renamed to the leaf's attributes (same
 expression ids, through a ``Project`` of ``Alias``es) so that every parent's references still
 resolve; ``EventTimeWatermark`` is left out (a batch has no watermark: a batch Dataset's own
 ``withWatermark`` is dropped by the analyser too). Columns the audit attaches to the raw rows
-(:data:`~wmwatch._audit.sources.base.SOURCE_FILE_COL`) are carried through every projection above.
+(:data:`~wmwatch._audit.replay.sources.base.SOURCE_FILE_COL`) are carried through every
+projection above.
 
 Every kind of source uses this one module: whatever a
-:class:`~wmwatch._audit.sources.base.BatchSource` reads (files, a Python data source, a JVM
+:class:`~wmwatch._audit.replay.sources.base.BatchSource` reads (files, a Python data source, a JVM
 stream, Kafka, Delta) is its input.
 
 What cannot be replayed is refused at the start, with the reason: a non-deterministic
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.events_refusals import (
+from wmwatch._audit.replay.refusals import (
     batch_time_reason,
     nondeterministic_reason,
     refused,
@@ -221,9 +222,9 @@ def as_written(spark: Any, events: Any) -> Callable[[Any], Any]:
     """How to replay a batch of ``events``' source as ``events`` transforms it (a function of
     the batch DataFrame); raises :class:`AuditError` with the reason when that transformation
     cannot be replayed. On Spark Connect the client's own plan is rewritten instead
-    (:mod:`wmwatch._audit.events_replay_connect`)."""
+    (:mod:`wmwatch._audit.replay.events_connect`)."""
     if is_connect(events):
-        from wmwatch._audit.events_replay_connect import connect_as_written
+        from wmwatch._audit.replay.events_connect import connect_as_written
 
         return connect_as_written(events)
     root = events._jdf.queryExecution().analyzed()

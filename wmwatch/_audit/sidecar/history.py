@@ -3,8 +3,8 @@ tables the listener fills (batches, sources, operators), so that ``wmwatch repor
 audited query's batches and watermarks as for an in-job audit.
 
 The batch is read as ``wmwatch checkpoint-history`` reads it
-(:func:`wmwatch._inspect.checkpoint_history.read_batches`) and written by its writer
-(:func:`~wmwatch._inspect.checkpoint_history.write_history`), under the same run id, through
+(:func:`wmwatch._checkpoint.history.read_batches`) and written by its writer
+(:func:`~wmwatch._checkpoint.history.write_history`), under the same run id, through
 the watch's one history store, just before the batch's audit marker: one writer, no second
 lock on the file. Only the batch just audited is read (and the offsets of the one before, which
 the previous call kept), so a long-running sidecar reads each offsets file about once.
@@ -23,9 +23,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows
-from wmwatch._checkpoint import CheckpointReader, OffsetsEntry
-from wmwatch._core.plugins import HistoryAccess, Write
-from wmwatch._inspect.checkpoint_history import (
+from wmwatch._checkpoint.history import (
     CHECKPOINT_RUN_ID,
     CheckpointHistory,
     StateOperator,
@@ -33,6 +31,8 @@ from wmwatch._inspect.checkpoint_history import (
     read_operators,
     write_history,
 )
+from wmwatch._checkpoint.reader import CheckpointReader, OffsetsEntry
+from wmwatch._core.plugins import HistoryAccess, Write
 from wmwatch._text import clean, error_line, get_logger
 
 if TYPE_CHECKING:

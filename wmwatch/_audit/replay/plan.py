@@ -1,6 +1,6 @@
 """Reading the audit's facts off a streaming query's analysed logical plan: for each streaming
 source, the stateful operator (and join side) its rows reach first, and that operator's late-row
-rule (:class:`~wmwatch._audit.predicates.OperatorSpec`).
+rule (:class:`~wmwatch._audit.replay.predicates.OperatorSpec`).
 
 Only the first stateful operator above a source sees its input rows; an operator further down a
 chain judges another operator's output against a watermark that output is never behind (see
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from wmwatch._audit.predicates import (
+from wmwatch._audit.replay.predicates import (
     AGGREGATE,
     DEDUPE,
     DEDUPE_WITHIN_WATERMARK,
@@ -101,9 +101,7 @@ class ReplayPlan:
         return audited[0].spec if audited else None
 
 
-def _relation_path(
-    root: PlanNode, relations: list[PlanNode]
-) -> list[list[tuple[PlanNode, int]]]:
+def _relation_path(root: PlanNode, relations: list[PlanNode]) -> list[list[tuple[PlanNode, int]]]:
     """For every streaming relation (pre-order): its ancestors, nearest first, each with the
     index of the child the path goes through."""
     paths: list[list[tuple[PlanNode, int]]] = []

@@ -1,18 +1,19 @@
 """The sources the audit reads again, one module per kind behind the
-:class:`~wmwatch._audit.sources.base.BatchSource` seam, and their one registry, :data:`KINDS`.
+:class:`~wmwatch._audit.replay.sources.base.BatchSource` seam, and their one registry,
+:data:`KINDS`.
 
 Adding a kind of source is a module here that ends with its ``KIND``
-(:class:`~wmwatch._audit.sources.base.SourceKind`: which streaming relations it reads and how to
-read them again) and one line in :data:`KINDS`.
+(:class:`~wmwatch._audit.replay.sources.base.SourceKind`: which streaming relations it reads and
+how to read them again) and one line in :data:`KINDS`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from wmwatch._audit import connect
-from wmwatch._audit.sources import delta, files, jvm_stream, kafka, python
-from wmwatch._audit.sources.base import (
+from wmwatch._audit.replay import connect
+from wmwatch._audit.replay.sources import delta, files, jvm_stream, kafka, python
+from wmwatch._audit.replay.sources.base import (
     ConnectFound,
     Found,
     SourceKind,

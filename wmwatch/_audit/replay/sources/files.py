@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote
 
-from wmwatch._audit.connect import relation_schema_json
-from wmwatch._audit.sources.base import (
+from wmwatch._audit.replay.connect import relation_schema_json
+from wmwatch._audit.replay.sources.base import (
     SOURCE_FILE_COL,
     ConnectFound,
     Found,
@@ -26,7 +26,7 @@ from wmwatch._audit.sources.base import (
     scala_map,
     scala_seq,
 )
-from wmwatch._checkpoint import CheckpointReader, normalise_path
+from wmwatch._checkpoint.reader import CheckpointReader, normalise_path
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import UnsupportedSourceError
 
@@ -122,9 +122,7 @@ def _at(files: FileSourceSpec, positions: list[int], description: str) -> Found:
     )
 
 
-def _found(
-    spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str
-) -> Found:
+def _found(spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str) -> Found:
     files = file_source_of(spark, events)
     return _at(files, positions or source_indexes(plan_text, files), ", ".join(files.paths))
 

@@ -29,15 +29,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.connect import relation_schema_json
-from wmwatch._audit.sources.base import (
+from wmwatch._audit.replay.connect import relation_schema_json
+from wmwatch._audit.replay.sources.base import (
     SOURCE_FILE_COL,
     SOURCE_POSITION_COL,
     ConnectFound,
     Found,
     SourceKind,
 )
-from wmwatch._checkpoint import (
+from wmwatch._checkpoint.reader import (
     CheckpointEntryGone,
     CheckpointReader,
     logged_offsets,
@@ -97,7 +97,7 @@ def is_kafka_source(relation: Any) -> bool:
             str(relation.nodeName()) == "StreamingRelationV2"
             and str(relation.table().getClass().getName()).endswith(_KAFKA_TABLE)
         )
-    except Exception:
+    except Exception:  # noqa: BLE001 - any py4j failure: not this kind of relation
         return False
 
 
@@ -127,9 +127,7 @@ def _at(kafka: KafkaSourceSpec, positions: list[int]) -> Found:
     return Found(positions, lambda index: KafkaBatchSource(kafka, index), kafka.description)
 
 
-def _found(
-    spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str
-) -> Found:
+def _found(spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str) -> Found:
     return _at(kafka_source_of(relation), positions)
 
 
@@ -178,9 +176,7 @@ def kafka_positions(descriptions: Sequence[str], spec: KafkaSourceSpec) -> list[
         if strategy == "subscribe":
             same = _topics(value, ",") == _topics(wanted, ",")
         elif strategy == "assign":
-            same = {t.rsplit("-", 1)[0] for t in _topics(value, ",")} == set(
-                json.loads(wanted)
-            )
+            same = {t.rsplit("-", 1)[0] for t in _topics(value, ",")} == set(json.loads(wanted))
         else:
             same = value == wanted
         if same:
@@ -310,9 +306,7 @@ class KafkaBatchSource:
         from pyspark.sql import functions as F
 
         start, end = what
-        ranges = batch_ranges(
-            parse_kafka_offsets(start, "start"), parse_kafka_offsets(end, "end")
-        )
+        ranges = batch_ranges(parse_kafka_offsets(start, "start"), parse_kafka_offsets(end, "end"))
         if is_connect(spark):
             self._first_records_readable(spark, ranges)
         else:
@@ -345,7 +339,7 @@ class KafkaBatchSource:
             earliest = _earliest_offsets(
                 spark, self.spec.options, partitions, self.broker_timeout_seconds
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the broker or py4j raised, said once
             raise AuditError(
                 f"the Kafka broker did not give the earliest offsets of {self.spec.description} "
                 f"({type(exc).__name__}); retrying later"
@@ -367,7 +361,7 @@ class KafkaBatchSource:
                 timeout_seconds=self.broker_timeout_seconds,
             ):
                 self._reader(spark, first, "true").load().select("partition").collect()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - py4j and Connect raise many kinds; sorted below
             if is_data_loss(exc):
                 starts = [
                     f"{t}-{p} from {b}"
@@ -384,7 +378,7 @@ class KafkaBatchSource:
 def is_data_loss(exc: BaseException) -> bool:
     """Whether Spark's Kafka reader failed because records were deleted (``KAFKA_DATA_LOSS``)."""
     try:
-        condition = str(exc.getCondition() or "")  # type: ignore[attr-defined]
+        condition = str(exc.getCondition() or "")  # type: ignore[attr-defined]  # Connect's errors carry it; typed on none
     except Exception:  # noqa: BLE001 - an error that is not Spark's has no condition
         condition = ""
     return condition.startswith(_DATA_LOSS) or _DATA_LOSS_TEXT in str(exc)

@@ -25,7 +25,7 @@ files carry deletion vectors, as the stream does), so partition values, column m
 deletion vectors are applied as the stream applied them.
 
 A file VACUUM removed, or a commit the log's retention removed, cannot be read again: the batch
-is lost, with the reason (:class:`~wmwatch._checkpoint.CheckpointEntryGone`).
+is lost, with the reason (:class:`~wmwatch._checkpoint.reader.CheckpointEntryGone`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.sources.base import SOURCE_FILE_COL, Found, SourceKind, scala_map, scala_seq
-from wmwatch._checkpoint import CheckpointEntryGone, CheckpointReader, parse_offset_json
+from wmwatch._audit.replay.sources.base import (
+    SOURCE_FILE_COL,
+    Found,
+    SourceKind,
+    scala_map,
+    scala_seq,
+)
+from wmwatch._checkpoint.reader import CheckpointEntryGone, CheckpointReader, parse_offset_json
 from wmwatch._errors import AuditError, UnsupportedSourceError
 from wmwatch._text import first_line
 
@@ -217,9 +223,7 @@ def delta_source_of(spark: Any, relation: Any) -> DeltaSourceSpec:
     )
 
 
-def _found(
-    spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str
-) -> Found:
+def _found(spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str) -> Found:
     delta = delta_source_of(spark, relation)
     return Found(
         positions, lambda index: DeltaBatchSource(delta, index, spark), f"Delta table {delta.path}"
@@ -312,7 +316,7 @@ class DeltaBatchSource:
                     session, self._log(), option.empty(), instant, True
                 )
             )
-        except Exception as exc:  # noqa: BLE001 - Delta's errors arrive through Py4J
+        except Exception as exc:
             raise CheckpointEntryGone(
                 f"the Delta stream's startingTimestamp={timestamp!r} cannot be resolved to a "
                 f"version of {self.spec.path} again: {first_line(str(exc), 160)}"

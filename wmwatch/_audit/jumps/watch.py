@@ -41,8 +41,8 @@ from wmwatch._text import clean, error_line, get_logger
 if TYPE_CHECKING:
     import duckdb
 
-    from wmwatch._audit.replay import Replayer, ReplayInput
-    from wmwatch._checkpoint import CheckpointReader
+    from wmwatch._audit.replay.engine import Replayer, ReplayInput
+    from wmwatch._checkpoint.reader import CheckpointReader
     from wmwatch._core.plugins import HistoryAccess
 
 log = get_logger("wmwatch.audit")
@@ -435,7 +435,7 @@ def read_top_rows(
     """
     from pyspark.sql import functions as F
 
-    from wmwatch._audit.sources.base import SOURCE_POSITION_COL
+    from wmwatch._audit.replay.sources.base import SOURCE_POSITION_COL
     from wmwatch._core.spark_jobs import bounded_job
 
     found: list[tuple[Any, ...]] = []
@@ -456,9 +456,14 @@ def read_top_rows(
 
 
 def _top_of_input(
-    replayer: Replayer, item: ReplayInput, what: Any, limit: int, F: Any, position_col: str
+    replayer: Replayer,
+    item: ReplayInput,
+    what: Any,
+    limit: int,
+    F: Any,  # noqa: N803 - pyspark.sql.functions, named as PySpark does
+    position_col: str,
 ) -> list[tuple[Any, ...]]:
-    raw = replayer._read(item, what)  # noqa: SLF001 - the replay's own read (one task beside real time)
+    raw = replayer._read(item, what)
     frame = replayer.late_rows_frame(item, raw, _FAR_FUTURE_MS, keep=(position_col,))
     # a sliding window repeats each row once per window it falls in: take enough for ``limit``
     # distinct rows, then drop the repeats (bounded: at most 64 copies of each)

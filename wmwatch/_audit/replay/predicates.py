@@ -162,8 +162,6 @@ def batch_may_have_late_rows(
     return judged_time_us(min_event_time_ms * 1000, spec) <= late_watermark_ms * 1000
 
 
-
-
 def override_spec(
     spec: OperatorSpec | None,
     watermark_column: str | None,

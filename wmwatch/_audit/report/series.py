@@ -1,7 +1,7 @@
 """The audit's series for the HTML report: audited late rows per batch, and how late they were.
 
-The report's late-rows section (:mod:`wmwatch._audit.report`) gives totals, quantiles and top
-lists; a chart needs the count of every audited batch and a histogram fine enough to draw the
+The report's late-rows section (:mod:`wmwatch._audit.report.section`) gives totals, quantiles and
+top lists; a chart needs the count of every audited batch and a histogram fine enough to draw the
 delay advice on. Both are read here, from the same rows the section reads (``late_rows``, the
 Parquet folders ``audit_batches`` lists, and ``audit_batches`` itself).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from wmwatch._audit.report import _late_rows_source
+from wmwatch._audit.report.section import _late_rows_source
 from wmwatch._section import Scope, named_rows
 
 if TYPE_CHECKING:

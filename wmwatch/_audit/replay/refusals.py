@@ -1,6 +1,6 @@
 """Why ``events`` cannot be replayed as written: the reasons, worded once for the classic
-replay (:mod:`wmwatch._audit.events_replay`, which reads the plan's nodes over py4j) and the Spark
-Connect one (:mod:`wmwatch._audit.events_replay_connect`, which reads the analysed plan's text).
+replay (:mod:`wmwatch._audit.replay.events`, which reads the plan's nodes over py4j) and the Spark
+Connect one (:mod:`wmwatch._audit.replay.events_connect`, which reads the analysed plan's text).
 """
 
 from __future__ import annotations

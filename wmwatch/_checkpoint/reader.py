@@ -250,9 +250,7 @@ class LocalFileSystem:
         with os.fdopen(fd, "rb") as handle:
             info = os.fstat(handle.fileno())
             if not stat.S_ISREG(info.st_mode):
-                raise CheckpointDamaged(
-                    f"{path} is not a regular file; the checkpoint is damaged."
-                )
+                raise CheckpointDamaged(f"{path} is not a regular file; the checkpoint is damaged.")
             _check_size(path, info.st_size)
             data = handle.read(MAX_FILE_BYTES + 1)
         _check_size(path, len(data))

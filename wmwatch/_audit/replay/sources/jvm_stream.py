@@ -12,7 +12,7 @@ offset is the one the batch reached when its interval ended).
 The stream object is the one the query reads. Here that is a memory stream the session holds
 (``LowLatencyMemoryStream``, the real-time source that runs without a broker; its table hands
 out the stream). Kafka's stream is made per query from its options and checkpoint, so it is not
-reachable this way: :mod:`wmwatch._audit.sources.kafka` reads its batches again, the same
+reachable this way: :mod:`wmwatch._audit.replay.sources.kafka` reads its batches again, the same
 offsets given to a batch read as ``startingOffsets``/``endingOffsets``.
 """
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.sources.base import SOURCE_FILE_COL, Found, SourceKind
-from wmwatch._checkpoint import CheckpointReader, logged_offsets
+from wmwatch._audit.replay.sources.base import SOURCE_FILE_COL, Found, SourceKind
+from wmwatch._checkpoint.reader import CheckpointReader, logged_offsets
 from wmwatch._errors import UnsupportedSourceError
 from wmwatch._text import first_line
 
@@ -53,9 +53,7 @@ def stream_of(spark: Any, relation: Any) -> Any | None:
         return None
 
 
-def _found(
-    spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str
-) -> Found:
+def _found(spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str) -> Found:
     stream = stream_of(spark, relation)
     if stream is None:  # matched a moment ago: its table no longer holds that stream
         raise UnsupportedSourceError(

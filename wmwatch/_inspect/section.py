@@ -97,7 +97,6 @@ FINDINGS_SECTION = Section(
 # -- watermarks -----------------------------------------------------------------------------------
 
 
-
 def _latest_batch_rows(
     con: duckdb.DuckDBPyConnection, table: str, columns: str, order_by: str, ids: list[str]
 ) -> list[Row]:
@@ -113,6 +112,7 @@ def _latest_batch_rows(
         """,
         (ids,),
     )
+
 
 def load_watermarks(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, dict[str, Any]]:
     """Per query: the latest recorded per-operator and per-source watermarks, and the policy.
@@ -209,8 +209,7 @@ def render_watermarks(data: Mapping[str, Any]) -> Table:
         if src["idle_batches"]:
             note.append(f"idle {src['idle_batches']} batches")
         where = (
-            f"input {src['source']} ({src['event_time_column']}, "
-            f"delay {src['delay_seconds']:g} s)"
+            f"input {src['source']} ({src['event_time_column']}, delay {src['delay_seconds']:g} s)"
         )
         table.add_row(
             escape(where),

@@ -1,7 +1,7 @@
 """Plan inspection's series for the HTML report: each input's watermark over batches, which
 input held the global watermark back, and the state budget estimates of unbounded joins.
 
-The report's watermarks section (:mod:`wmwatch._inspect.report`) shows the latest batch only; a
+The report's watermarks section (:mod:`wmwatch._inspect.section`) shows the latest batch only; a
 chart needs every recorded batch of ``source_watermarks``, and the budget estimate is kept in the
 ``findings`` evidence.
 """

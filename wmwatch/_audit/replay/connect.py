@@ -6,9 +6,9 @@ plans, whose leaves stand in the order of the query's sources), the checkpoint's
 its stateful operators' ``state info``, each source's position comes from the progress's source
 descriptions, and the events DataFrame's source (format, options, paths) is read off the client's
 own plan objects (:func:`streaming_relation`; each kind of source reads its own, in
-:mod:`wmwatch._audit.sources`). The checkpoint lives where the server sees it, which the client
-may not, so :class:`SessionFileSystem` lists it through a file index (no Spark job) and reads its
-small files with one bounded Spark job each, caching what never changes.
+:mod:`wmwatch._audit.replay.sources`). The checkpoint lives where the server sees it, which the
+client may not, so :class:`SessionFileSystem` lists it through a file index (no Spark job) and
+reads its small files with one bounded Spark job each, caching what never changes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from wmwatch._checkpoint import normalise_path
+from wmwatch._checkpoint.reader import normalise_path
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 from wmwatch._plantext import explain_text
@@ -104,9 +104,7 @@ def streaming_relation(events: Any) -> Any:
         raise ConfigError(
             "events must be the streaming DataFrame the query reads (spark.readStream...)."
         )
-    relations = [
-        n for n in _walk(events._plan) if isinstance(n, DataSource) and n._is_streaming
-    ]
+    relations = [n for n in _walk(events._plan) if isinstance(n, DataSource) and n._is_streaming]
     if len(relations) != 1:
         raise UnsupportedSourceError(
             f"events reads {len(relations)} streaming sources; pass one streaming DataFrame per "

@@ -1,6 +1,6 @@
-"""The report section "who moved the watermark": each batch that moved a query's watermark (from
-``watermark_jumps`` and ``watermark_jump_rows``, see :mod:`wmwatch._audit.jumps`), the rows that
-did it, and the rows the jump dropped since.
+"""The report section "who moved the watermark": each batch that moved a query's watermark
+(from ``watermark_jumps`` and ``watermark_jump_rows``, see :mod:`wmwatch._audit.jumps.watch`),
+the rows that did it, and the rows the jump dropped since.
 """
 
 from __future__ import annotations

@@ -25,10 +25,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.connect import relation_schema_json
-from wmwatch._audit.sources.base import ConnectFound, Found, SourceKind
-from wmwatch._audit.sources.files import SUPPORTED_FORMATS
-from wmwatch._checkpoint import CheckpointReader, logged_offsets, parse_offset_json
+from wmwatch._audit.replay.connect import relation_schema_json
+from wmwatch._audit.replay.sources.base import ConnectFound, Found, SourceKind
+from wmwatch._audit.replay.sources.files import SUPPORTED_FORMATS
+from wmwatch._checkpoint.reader import CheckpointReader, logged_offsets, parse_offset_json
 from wmwatch._errors import UnsupportedSourceError
 
 _START = "wmwatch.replay.start"
@@ -44,7 +44,7 @@ def is_python_source(relation: Any) -> bool:
             str(relation.nodeName()) == "StreamingRelationV2"
             and str(relation.table().getClass().getName()).endswith(".PythonTable")
         )
-    except Exception:
+    except Exception:  # noqa: BLE001 - any py4j failure: not this kind of relation
         return False
 
 
@@ -204,9 +204,7 @@ def _at(spec: PythonSourceSpec, positions: list[int]) -> Found:
     return Found(positions, lambda index: PythonBatchSource(spec, index), f"source {spec.name!r}")
 
 
-def _found(
-    spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str
-) -> Found:
+def _found(spark: Any, events: Any, relation: Any, positions: list[int], plan_text: str) -> Found:
     return _at(python_source_of(spark, relation), positions)
 
 
@@ -234,7 +232,7 @@ def connect_python_source_of(events: Any, relation: Any) -> PythonSourceSpec:
         try:
             if cls.name() == name:
                 matches.append(cls)
-        except Exception:  # noqa: BLE001, S112 - a class whose name() needs more than the class
+        except Exception:  # noqa: BLE001 - a class whose name() needs more than the class
             continue
     if len(matches) != 1:
         raise UnsupportedSourceError(

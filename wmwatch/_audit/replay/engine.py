@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from wmwatch._audit.predicates import SESSION, WINDOW, OperatorSpec
+from wmwatch._audit.replay.predicates import SESSION, WINDOW, OperatorSpec
+from wmwatch._audit.replay.sources.base import ATTACHED_COLUMNS, SOURCE_FILE_COL, BatchSource
 from wmwatch._audit.sinks import (
     LATE_ROW_COLUMNS,
     LATE_ROW_OVERHEAD_BYTES,
@@ -28,7 +29,6 @@ from wmwatch._audit.sinks import (
     LateRow,
     local_path,
 )
-from wmwatch._audit.sources.base import ATTACHED_COLUMNS, SOURCE_FILE_COL, BatchSource
 from wmwatch._core.sessions import is_connect
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError, ConfigError
@@ -63,9 +63,7 @@ def hmac_pads(key: bytes) -> HmacPads:
     if len(key) > _SHA256_BLOCK_BYTES:
         key = hashlib.sha256(key).digest()
     block = key.ljust(_SHA256_BLOCK_BYTES, b"\x00")
-    return HmacPads(
-        inner=bytes(b ^ 0x36 for b in block), outer=bytes(b ^ 0x5C for b in block)
-    )
+    return HmacPads(inner=bytes(b ^ 0x36 for b in block), outer=bytes(b ^ 0x5C for b in block))
 
 
 @dataclass(frozen=True)
