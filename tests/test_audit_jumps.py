@@ -15,10 +15,8 @@ import pytest
 from rich.console import Console
 
 from tests.test_store import progress
-from wmwatch._audit.jumps.watch import (
+from wmwatch._audit.jumps.rules import (
     BatchTimes,
-    JumpHistory,
-    JumpWatch,
     Thresholds,
     TopRow,
     ahead_seconds,
@@ -27,6 +25,8 @@ from wmwatch._audit.jumps.watch import (
     kafka_position,
     top_rows_of,
 )
+from wmwatch._audit.jumps.table import JumpHistory
+from wmwatch._audit.jumps.watch import JumpWatch
 from wmwatch._audit.sinks import BatchLateRows, _batch_writer
 from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch._errors import ConfigError
@@ -305,7 +305,7 @@ def test_the_cost_stops_once_the_clock_passes_the_watermark_the_jump_set(tmp_pat
 
 
 def test_rows_a_sliding_window_repeated_count_once() -> None:
-    from wmwatch._audit.jumps.watch import distinct_rows
+    from wmwatch._audit.jumps.rules import distinct_rows
 
     row = (5, 0, "/in/a.json", '{"id": 1}', None)
     other = (4, 0, "/in/a.json", '{"id": 2}', None)

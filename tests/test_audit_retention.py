@@ -32,7 +32,9 @@ from wmwatch._checkpoint.reader import (
 
 RETAIN = 3
 SCHEMA = "id int, ts timestamp"
-_LOST_LINE = re.compile(r"audit of (\S+) lost batch (\d+), not audited: (.*)")
+_LOST_LINE = re.compile(
+    r"audit of (\S+) lost batch(?:es)? (\d+)(?: to (\d+) \((\d+) batches\))?, not audited: (.*)"
+)
 
 
 def ts(second: int) -> str:
@@ -122,9 +124,13 @@ def _lost_lines(caplog: pytest.LogCaptureFixture, label: str) -> dict[int, str]:
     for record in caplog.records:
         m = _LOST_LINE.search(record.getMessage())
         if m and m.group(1) == label:
-            batch_id = int(m.group(2))
-            assert batch_id not in lines, f"batch {batch_id} was logged as lost twice"
-            lines[batch_id] = m.group(3)
+            first = int(m.group(2))
+            last = int(m.group(3)) if m.group(3) else first
+            if m.group(4):  # a run of batches, one line with its first and last id and count
+                assert int(m.group(4)) == last - first + 1
+            for batch_id in range(first, last + 1):
+                assert batch_id not in lines, f"batch {batch_id} was logged as lost twice"
+                lines[batch_id] = m.group(5)
     return lines
 
 
@@ -170,7 +176,7 @@ def test_audit_started_after_the_purge_logs_counts_and_skips_lost_batches(
         assert "minBatchesToRetain" in str(status["last_lost_reason"])
         assert status["errors"] == 0, status["last_error"]
         lines = _lost_lines(caplog, "retention_late_start")
-        assert sorted(lines) == lost  # one line per lost batch, with its reason
+        assert sorted(lines) == lost  # one line per run of lost batches, with its reason
         assert all("minBatchesToRetain" in reason for reason in lines.values())
         assert watch.registry.get_sample_value(
             "wmwatch_audit_batches_lost_total", {"query": "retention_late_start"}

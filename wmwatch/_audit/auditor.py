@@ -36,7 +36,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from wmwatch._audit.jumps.watch import JumpWatch, TopRow, read_top_rows
+from wmwatch._audit.handled import BatchRange, HandledBatches
+from wmwatch._audit.jumps.read import read_top_rows
+from wmwatch._audit.jumps.rules import TopRow
+from wmwatch._audit.jumps.watch import JumpWatch
 from wmwatch._audit.pacing import YIELD_FACTOR, IdleWait, SlotGate
 from wmwatch._audit.replay.engine import Replayer, ReplayInput
 from wmwatch._audit.replay.predicates import OperatorSpec, batch_may_have_late_rows
@@ -125,9 +128,10 @@ class Auditor:
         self._stop = threading.Event()
         # set when the audited run stopped: audit what it committed, then end
         self._finish_at: float | None = None
+        # progress of batches not yet handled (a handled batch's is dropped)
         self._progress: dict[int, _BatchInfo] = {}
-        self._done: set[int] = set()
-        self._floor: int | None = None
+        # batches handled: ranges, never one id each (an audit runs for months)
+        self._done = HandledBatches()
         self._counters = AuditCounters()
         self._audited_cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -151,6 +155,8 @@ class Auditor:
         dropped_by_operator: dict[int, int] | None = None,
     ) -> None:
         with self._lock:
+            if batch_id in self._done:
+                return  # audited already (without waiting for this): nothing reads it
             info = self._progress.setdefault(batch_id, _BatchInfo())
             # A trigger that ran no batch reports the next batch id with no rows; keep what a
             # real batch said.
@@ -199,22 +205,20 @@ class Auditor:
                     item.source.source_index,
                     item.source.reason,
                 )
-        audited: list[int] = []
+        last_audited: int | None = None
         if self.history is not None:
             self.history.drop_interrupted_replays()
-            audited = self.history.audited_batches()
+            last_audited = self.history.last_audited_batch()
         if self.jumps is not None:
             self.jumps.start()
         with self._lock:
-            self._done = set(audited)
             # Batches are audited (or found lost) in order, so everything up to the last marked
             # batch was handled by an earlier audit. Without history the audit answers for the
             # query from its first batch: batches the checkpoint no longer holds are reported
             # as lost rather than passed over.
-            self._floor = max(audited) + 1 if audited else 0
+            self._done = HandledBatches(last_audited + 1 if last_audited is not None else 0)
             self._counters.batches_audited = 0
-            if audited:
-                self._counters.last_audited_batch = max(audited)
+            self._counters.last_audited_batch = last_audited
         self._thread = threading.Thread(
             target=self._run, name=f"wmwatch-audit-{self.label}", daemon=True
         )
@@ -254,8 +258,7 @@ class Auditor:
     def _pending_target(self) -> list[int]:
         committed = self.checkpoint.committed_batches()
         with self._lock:
-            floor = self._floor if self._floor is not None else 0
-        return [b for b in committed if b >= floor]
+            return [b for b in committed if b not in self._done]
 
     def _all_done_up_to(self, target: list[int]) -> bool:
         return all(b in self._done for b in target)
@@ -341,29 +344,30 @@ class Auditor:
         """Audit committed batches in order; True when every one of them is done."""
         committed = self.checkpoint.committed_batches()
         with self._lock:
-            floor = self._floor if self._floor is not None else 0
-            self._floor = floor
-            pending = [b for b in committed if b >= floor and b not in self._done]
+            pending = [b for b in committed if b not in self._done]
             self._counters.latest_committed_batch = committed[-1] if committed else None
             self._counters.oldest_pending_commit_mtime_seconds = (
                 self.checkpoint.commit_mtime_seconds(pending[0]) if pending else None
             )
-        self._lose_purged_gap(committed, floor)
+        self._lose_purged_gap(committed)
         self._update_retention(pending[0] if pending else None, committed)
-        for batch_id in pending:
+        for index, batch_id in enumerate(pending):
             if self._stop.is_set():
                 return False
             try:
                 if not self._audit_batch(batch_id):
                     return False  # waiting for this batch's progress; batches go in order
             except CheckpointEntryGone as exc:
-                self._lose([batch_id], str(exc))
+                self._lose([(batch_id, batch_id)], str(exc))
+            # batches go in order: the next pending one is the oldest not yet handled
+            following = pending[index + 1] if index + 1 < len(pending) else None
             with self._lock:
-                rest = [b for b in pending if b not in self._done]
                 self._counters.oldest_pending_commit_mtime_seconds = (
-                    self.checkpoint.commit_mtime_seconds(rest[0]) if rest else None
+                    self.checkpoint.commit_mtime_seconds(following)
+                    if following is not None
+                    else None
                 )
-            self._update_retention(rest[0] if rest else None, committed)
+            self._update_retention(following, committed)
         return True
 
     # -- batches the checkpoint no longer holds ---------------------------------------------------
@@ -375,20 +379,30 @@ class Auditor:
             self._counters.min_batches_to_retain = retain
             self._counters.retention_batches_remaining = remaining
 
-    def _lose_purged_gap(self, committed: list[int], floor: int) -> None:
-        """Batches below the oldest commit the checkpoint still holds, never audited: lost."""
+    def _lose_purged_gap(self, committed: list[int]) -> None:
+        """Batches below the oldest commit the checkpoint still holds, never audited: lost,
+        one range per run of them (millions of purged ids are one range, never a list)."""
         with self._lock:
-            gone = self._retention.purged_gap(committed, floor, self._done)
+            gone = self._retention.purged_gap(committed, self._done)
         if gone:
             self._lose(gone, self._retention.purged_reason(self.checkpoint))
 
-    def _lose(self, batch_ids: list[int], reason: str) -> None:
-        """Batches that can never be audited: one log line each (bounded), counted, passed."""
-        log_lost(self.label, batch_ids, reason)
+    def _lose(self, ranges: list[BatchRange], reason: str) -> None:
+        """Batches that can never be audited: one log line per range (bounded), counted,
+        passed."""
+        log_lost(self.label, ranges, reason)
         with self._audited_cond:
-            self._done.update(batch_ids)
-            self._counters.add_lost(batch_ids, reason)
+            for first, last in ranges:
+                self._done.add(first, last)
+            self._counters.add_lost(ranges, reason)
+            self._forget_progress()
             self._audited_cond.notify_all()
+
+    def _forget_progress(self) -> None:
+        """Drop the progress of handled batches (under the lock): nothing reads it again."""
+        if len(self._progress) > 64:
+            for batch_id in [b for b in self._progress if b in self._done]:
+                del self._progress[batch_id]
 
     # -- one batch --------------------------------------------------------------------------------
 
@@ -567,5 +581,6 @@ class Auditor:
             self.jumps.after_recorded(batch_id, self.checkpoint)  # the cost reads the rows
         with self._audited_cond:
             self._done.add(batch_id)
+            self._progress.pop(batch_id, None)
             self._counters.add_batch(batch_id, found)
             self._audited_cond.notify_all()

@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from wmwatch._audit.auditor import Auditor
-from wmwatch._audit.jumps.watch import BatchTimes
+from wmwatch._audit.jumps.rules import BatchTimes
 from wmwatch._core.plugins import WatchContext, WatchPlugin
 from wmwatch._events import QueryTerminated
 from wmwatch._progress import ProgressSnapshot

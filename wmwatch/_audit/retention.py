@@ -10,9 +10,9 @@ are still audited.
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Any
 
+from wmwatch._audit.handled import BatchRange, HandledBatches, range_count
 from wmwatch._checkpoint.reader import (
     MIN_BATCHES_TO_RETAIN_KEY,
     CheckpointReader,
@@ -23,7 +23,7 @@ from wmwatch._text import get_logger
 
 log = get_logger("wmwatch.audit")
 
-# Lost batches logged one line each per pass; the rest of a larger gap gets one summary line.
+# Runs of lost batches logged one line each per pass; the rest get one summary line.
 _LOST_LINES_PER_PASS = 20
 
 
@@ -63,13 +63,13 @@ class Retention:
         )
         return max(0, remaining)
 
-    def purged_gap(self, committed: list[int], floor: int, done: Collection[int]) -> list[int]:
-        """Batches below the oldest commit the checkpoint still holds, never audited (each
-        returned once)."""
+    def purged_gap(self, committed: list[int], handled: HandledBatches) -> list[BatchRange]:
+        """Runs of batches below the oldest commit the checkpoint still holds, never handled
+        (each returned once): ranges, so a gap of millions of batches costs one pair."""
         if not committed:
             return []
-        start = max(floor, self._gap_checked_below)
-        gone = [b for b in range(start, committed[0]) if b not in done]
+        start = max(handled.floor, self._gap_checked_below)
+        gone = handled.missing(start, committed[0] - 1) if start < committed[0] else []
         self._gap_checked_below = max(self._gap_checked_below, committed[0])
         return gone
 
@@ -100,17 +100,28 @@ def session_retain_value(spark: Any, query_id: str) -> str | None:
     return None if value is None else str(value)
 
 
-def log_lost(label: str, batch_ids: list[int], reason: str) -> None:
-    """One log line per lost batch, at most :data:`_LOST_LINES_PER_PASS`, then one for the
-    rest."""
-    for batch_id in batch_ids[:_LOST_LINES_PER_PASS]:
-        log.warning("wmwatch: audit of %s lost batch %d, not audited: %s", label, batch_id, reason)
-    if len(batch_ids) > _LOST_LINES_PER_PASS:
+def log_lost(label: str, ranges: list[BatchRange], reason: str) -> None:
+    """One log line per run of lost batches (its first and last id and how many), at most
+    :data:`_LOST_LINES_PER_PASS`, then one for the rest."""
+    for first, last in ranges[:_LOST_LINES_PER_PASS]:
+        if first == last:
+            log.warning("wmwatch: audit of %s lost batch %d, not audited: %s", label, first, reason)
+        else:
+            log.warning(
+                "wmwatch: audit of %s lost batches %d to %d (%d batches), not audited: %s",
+                label,
+                first,
+                last,
+                last - first + 1,
+                reason,
+            )
+    rest = ranges[_LOST_LINES_PER_PASS:]
+    if rest:
         log.warning(
             "wmwatch: audit of %s lost %d more batches (%d to %d), not audited: %s",
             label,
-            len(batch_ids) - _LOST_LINES_PER_PASS,
-            batch_ids[_LOST_LINES_PER_PASS],
-            batch_ids[-1],
+            range_count(rest),
+            rest[0][0],
+            rest[-1][1],
             reason,
         )

@@ -160,18 +160,18 @@ class AuditHistory:
             write, description=f"audit {self.label}: drop rows of interrupted replays"
         )
 
-    def audited_batches(self) -> list[int]:
-        """The query's batches marked as audited, in order."""
+    def last_audited_batch(self) -> int | None:
+        """The query's newest batch marked as audited (where the audit resumes); None when
+        none is. One number, however long the history."""
         query_id = self.query_id
 
-        def read(con: duckdb.DuckDBPyConnection) -> list[int]:
-            rows = con.execute(
-                "SELECT batch_id FROM audit_batches WHERE query_id = ? ORDER BY batch_id",
-                [query_id],
-            ).fetchall()
-            return [int(batch_id) for (batch_id,) in rows]
+        def read(con: duckdb.DuckDBPyConnection) -> int | None:
+            row = con.execute(
+                "SELECT max(batch_id) FROM audit_batches WHERE query_id = ?", [query_id]
+            ).fetchone()
+            return None if row is None or row[0] is None else int(row[0])
 
-        return list(self._store.read(read, timeout=30))
+        return self._store.read(read, timeout=30)
 
     def stage(
         self, batch_id: int, attempt: str, rows: list[LateRow], *, timeout_seconds: float

@@ -11,13 +11,9 @@ from dataclasses import replace
 from typing import Any
 
 from wmwatch._audit.auditor import Auditor, Resolved
-from wmwatch._audit.jumps.watch import (
-    DEFAULT_AHEAD_SECONDS,
-    DEFAULT_JUMP_SECONDS,
-    JumpHistory,
-    JumpWatch,
-    Thresholds,
-)
+from wmwatch._audit.jumps.rules import DEFAULT_AHEAD_SECONDS, DEFAULT_JUMP_SECONDS, Thresholds
+from wmwatch._audit.jumps.table import JumpHistory
+from wmwatch._audit.jumps.watch import JumpWatch
 from wmwatch._audit.plugin import audit_plugin
 from wmwatch._audit.replay import connect, sources
 from wmwatch._audit.replay.engine import Replayer, ReplayInput

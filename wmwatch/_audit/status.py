@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from wmwatch._audit.handled import BatchRange, range_count
 from wmwatch._audit.replay.engine import ReplayInput
 from wmwatch._audit.replay.sources.base import UnreplayableSource
 from wmwatch._audit.sinks import BatchLateRows
@@ -65,11 +66,15 @@ class AuditCounters:
             batch_id if self.last_audited_batch is None else max(self.last_audited_batch, batch_id)
         )
 
-    def add_lost(self, batch_ids: list[int], reason: str) -> None:
-        """Batches that can never be audited."""
-        self.batches_lost += len(batch_ids)
-        previous = [] if self.last_lost_batch is None else [self.last_lost_batch]
-        self.last_lost_batch = max(batch_ids + previous)
+    def add_lost(self, ranges: list[BatchRange], reason: str) -> None:
+        """Runs of batches that can never be audited."""
+        if not ranges:
+            return
+        self.batches_lost += range_count(ranges)
+        last = max(end for _, end in ranges)
+        self.last_lost_batch = (
+            last if self.last_lost_batch is None else max(self.last_lost_batch, last)
+        )
         self.last_lost_reason = reason
 
     def add_error(self, exc: BaseException) -> None:

@@ -1,5 +1,5 @@
 """The report section "who moved the watermark": each batch that moved a query's watermark
-(from ``watermark_jumps`` and ``watermark_jump_rows``, see :mod:`wmwatch._audit.jumps.watch`),
+(from ``watermark_jumps`` and ``watermark_jump_rows``, see :mod:`wmwatch._audit.jumps.table`),
 the rows that did it, and the rows the jump dropped since.
 """
 

@@ -65,31 +65,39 @@ class SidecarHistory(AuditHistory):
         # the offsets of the batch last written, which the next batch starts from
         self._previous: OffsetsEntry | None = None
 
-    def audited_batches(self) -> list[int]:
-        """The marked batches (where the audit resumes), after writing the history of those
-        that have none while the checkpoint still holds them."""
-        audited = super().audited_batches()
+    def last_audited_batch(self) -> int | None:
+        """The newest marked batch (where the audit resumes), after writing the history of
+        marked batches that have none while the checkpoint still holds them (only those are
+        looked up: a long history is never read whole)."""
+        last = super().last_audited_batch()
         query_id = self.query_id
 
-        def missing(con: duckdb.DuckDBPyConnection) -> set[int]:
+        def missing(con: duckdb.DuckDBPyConnection, first: int, latest: int) -> list[int]:
             rows = con.execute(
                 "SELECT a.batch_id FROM audit_batches a ANTI JOIN batches b "
-                "USING (query_id, batch_id) WHERE a.query_id = ?",
-                [query_id],
+                "USING (query_id, batch_id) WHERE a.query_id = ? "
+                "AND a.batch_id BETWEEN ? AND ? ORDER BY a.batch_id",
+                [query_id, first, latest],
             ).fetchall()
-            return {int(batch_id) for (batch_id,) in rows}
+            return [int(batch_id) for (batch_id,) in rows]
 
         try:
-            retained = set(self._reader.offset_batches())
-            gaps = sorted(set(self._store.read(missing, timeout=30)) & retained)
+            retained = self._reader.offset_batches()
+            if not retained:
+                return last
+            held = set(retained)
+            found = self._store.read(
+                lambda con: missing(con, retained[0], retained[-1]), timeout=30
+            )
+            gaps = [b for b in found if b in held]
         except Exception as exc:  # noqa: BLE001 - the history is extra; the audit must go on
             _log.warning(
                 "wmwatch: audit %s: no batch history caught up: %s", self.label, error_line(exc)
             )
-            return audited
+            return last
         for start in range(0, len(gaps), _CATCH_UP_CHUNK):
             self._write_batches(gaps[start : start + _CATCH_UP_CHUNK])
-        return audited
+        return last
 
     def commit(
         self,
