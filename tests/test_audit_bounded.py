@@ -10,6 +10,7 @@ The same started late on real Spark, with batch ids above 5,000,000, is in
 
 from __future__ import annotations
 
+import itertools
 import logging
 import tracemalloc
 
@@ -49,7 +50,7 @@ def test_handled_batches_hold_what_was_added_as_a_few_ranges(
     ranges = list(handled.ranges())
     # disjoint, apart from each other and from the floor
     assert all(a <= z for a, z in ranges)
-    assert all(z + 1 < a for (_, z), (a, _) in zip(ranges, ranges[1:], strict=False))
+    assert all(z + 1 < a for (_, z), (a, _) in itertools.pairwise(ranges))
     assert all(a > handled.floor for a, _ in ranges)
 
 
