@@ -310,3 +310,59 @@ def test_rows_a_sliding_window_repeated_count_once() -> None:
     row = (5, 0, "/in/a.json", '{"id": 1}', None)
     other = (4, 0, "/in/a.json", '{"id": 2}', None)
     assert distinct_rows([row, row, row, other, other]) == [row, other]
+
+
+def test_a_poison_dated_2100_adds_each_batch_to_the_cost_once(tmp_path: Path) -> None:
+    """A row dated 2100 keeps the incident costing for good: each later batch adds its own late
+    rows to the count and never reads the earlier batches' again, so the work per batch stays
+    one batch's, and rows the history's retention removed since stay counted."""
+    far_ms = 4_102_444_800_000  # 2100-01-01T00:00:00Z
+    checkpoint = tmp_path / "checkpoint"
+    reader = CheckpointReader(str(checkpoint))
+    with HistoryStore(tmp_path / "h.duckdb") as store:
+        history = JumpHistory(store, query_id="q-1", query_name="clicks", label="clicks")
+        watch = JumpWatch(thresholds=Thresholds(), history=history, label="clicks")
+        watch.start()
+        watermarks = {0: 0, 1: T_MS - DELAY, 2: T_MS - 50 * S}
+
+        def batch(batch_id: int) -> None:
+            at = T_MS + 10 * S * batch_id
+            wm = watermarks.get(batch_id, far_ms - DELAY)
+            write_offsets(checkpoint, batch_id, wm, at)
+            watch.note(batch_id, BatchTimes(at, far_ms if batch_id == 2 else at - 30 * S))
+            rows = [late_row(at), late_row(at + S)] if batch_id > 3 else []
+            watch.after_batch(batch_id, "run-1", reader, lambda b: ((), None))
+            store.submit(
+                _batch_writer(
+                    query_id="q-1",
+                    query_name="clicks",
+                    run_id="run-1",
+                    batch_id=batch_id,
+                    late_wm_ms=watermarks.get(batch_id - 1, far_ms - DELAY) if batch_id else None,
+                    found=BatchLateRows(total=len(rows), rows=rows),
+                    sink="duckdb",
+                ),
+                description="test batch",
+            )
+            watch.after_recorded(batch_id, reader)
+
+        def cost() -> tuple[int, int]:
+            assert store.flush(10)
+            got = store.read(
+                lambda con: con.execute(
+                    "SELECT rows_dropped_since, counted_through_batch FROM watermark_jumps"
+                ).fetchall()
+            )
+            assert len(got) == 1
+            return got[0]
+
+        for batch_id in range(21):
+            batch(batch_id)
+        assert cost() == (2 * 17, 20)  # batches 4 to 20, two rows each
+        # the history's retention removes the late rows of the older batches
+        store.submit(
+            lambda con: con.execute("DELETE FROM late_rows WHERE batch_id <= 15"),
+            description="retention",
+        )
+        batch(21)
+        assert cost() == (2 * 18, 21)
