@@ -295,37 +295,29 @@ def progress_rows(
     return ProgressRows(batch, operators, sources)
 
 
-def _insert_batch_rows(
-    con: duckdb.DuckDBPyConnection, table: str, fields: tuple[str, ...], rows: list[Any]
-) -> None:
-    """Insert (or replace) the per-batch child rows of a table (operators, sources), staged and
-    joined to the staged batches they belong to."""
-    if not rows:
-        return
-    _stage(con, f"wmwatch_stage_{table}", fields, rows)
-    names = _stored(fields)
-    con.execute(
-        f"""
-        INSERT OR REPLACE INTO {table} ({", ".join(names)})
-        SELECT {", ".join(_selected("o", n) for n in names)}
-        FROM wmwatch_stage_{table} o
-        JOIN wmwatch_stage_batches s USING (query_id, batch_id, seq)
-        """
+def _rows_select(columns: tuple[str, ...], first_param: int = 1) -> str:
+    """SQL for rows passed as one list per column: one statement that unnests the lists (far
+    faster than executemany), each column cast to its stored type."""
+    return "SELECT " + ", ".join(
+        f"unnest(${first_param + i}::{_COLUMN_TYPES[name]}[]) AS {name}"
+        for i, name in enumerate(columns)
     )
+
+
+def _column_lists(columns: tuple[str, ...], rows: list[Any]) -> list[list[Any]]:
+    return [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in columns]
 
 
 def _stage(
     con: duckdb.DuckDBPyConnection,
     table: str,
     columns: tuple[str, ...],
-    rows: list[tuple[Any, ...]],
+    rows: list[Any],
 ) -> None:
-    # One statement that unnests column lists: ~20x faster than executemany for a flush.
-    select = ", ".join(
-        f"unnest(${i + 1}::{_COLUMN_TYPES[name]}[]) AS {name}" for i, name in enumerate(columns)
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {table} AS {_rows_select(columns)}",
+        _column_lists(columns, rows),
     )
-    values = [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in columns]
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {select}", values)
 
 
 def _stored(columns: tuple[str, ...]) -> list[str]:
@@ -336,16 +328,81 @@ def _selected(alias: str, name: str) -> str:
     return f"{alias}.{name}::JSON" if name in _JSON_COLUMNS else f"{alias}.{name}"
 
 
-def write_progress_rows(con: duckdb.DuckDBPyConnection, items: list[ProgressRows]) -> None:
-    """Upsert many snapshots at once; a batch retried within the flush keeps its last version."""
-    _stage(con, "wmwatch_stage_all", BatchRow._fields, [item.batch for item in items])
+def _insert_rows(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    fields: tuple[str, ...],
+    rows: list[Any],
+    *,
+    replace: bool,
+) -> None:
+    """Insert (``replace``: or replace) the rows of one table straight from column lists."""
+    if not rows:
+        return
+    names = _stored(fields)
+    verb = "INSERT OR REPLACE" if replace else "INSERT"
     con.execute(
-        """
-        CREATE OR REPLACE TEMP TABLE wmwatch_stage_batches AS
-        SELECT * FROM wmwatch_stage_all
-        QUALIFY row_number() OVER (PARTITION BY query_id, batch_id ORDER BY seq DESC) = 1
-        """
+        f"{verb} INTO {table} ({', '.join(names)}) "
+        f"SELECT {', '.join(_selected('r', n) for n in names)} FROM ({_rows_select(fields)}) r",
+        _column_lists(fields, rows),
     )
+
+
+def _latest_versions(items: list[ProgressRows]) -> list[ProgressRows]:
+    """One version of each batch (a batch retried within the flush keeps its last one)."""
+    latest: dict[tuple[str, int], ProgressRows] = {}
+    for item in items:
+        key = (item.batch.query_id, item.batch.batch_id)
+        known = latest.get(key)
+        if known is None or item.batch.seq > known.batch.seq:
+            latest[key] = item
+    return list(latest.values())
+
+
+def _any_recorded(con: duckdb.DuckDBPyConnection, batches: list[BatchRow]) -> bool:
+    """Whether any of ``batches`` has rows in the file already (a retried batch, a rewrite;
+    operators or sources of a batch whose own row was lost count too)."""
+    keys = (
+        "(SELECT unnest($1::VARCHAR[]) AS query_id, unnest($2::BIGINT[]) AS batch_id) s "
+        "USING (query_id, batch_id)"
+    )
+    found = con.execute(
+        f"SELECT 1 FROM (SELECT query_id, batch_id FROM batches JOIN {keys} "
+        f"UNION ALL SELECT query_id, batch_id FROM operators JOIN {keys} "
+        f"UNION ALL SELECT query_id, batch_id FROM sources JOIN {keys}) LIMIT 1",
+        [[b.query_id for b in batches], [b.batch_id for b in batches]],
+    ).fetchone()
+    return found is not None
+
+
+def write_progress_rows(con: duckdb.DuckDBPyConnection, items: list[ProgressRows]) -> None:
+    """Upsert many snapshots at once; a batch retried within the flush keeps its last version.
+
+    Batches are almost always new: then every row is a plain insert from column lists (a
+    handful of statements per flush, whatever its size). A flush holding a batch already in
+    the file replaces it, and its operators and sources, in full.
+    """
+    kept = _latest_versions(items)
+    batches = [item.batch for item in kept]
+    operators = [r for item in kept for r in item.operators]
+    sources = [r for item in kept for r in item.sources]
+    rewrite = _any_recorded(con, batches)
+    if rewrite or any(b.late_watermark_at is None for b in batches):
+        _write_batches_joined(con, batches, replace=rewrite)
+    else:
+        _insert_rows(con, "batches", BatchRow._fields, batches, replace=False)
+    _insert_rows(con, "operators", OperatorRow._fields, operators, replace=rewrite)
+    _insert_rows(con, "sources", SourceRow._fields, sources, replace=rewrite)
+    if rewrite:
+        _drop_rows_a_batch_no_longer_has(con, batches)
+    _record_queries(con, batches)
+
+
+def _write_batches_joined(
+    con: duckdb.DuckDBPyConnection, batches: list[BatchRow], *, replace: bool
+) -> None:
+    """The batches, each without a late-row watermark taking the previous batch's."""
+    _stage(con, "wmwatch_stage_batches", BatchRow._fields, batches)
     batch_columns = _stored(BatchRow._fields)
     select = ", ".join(
         "coalesce(s.late_watermark_at, ps.watermark_at, pb.watermark_at)"
@@ -353,11 +410,12 @@ def write_progress_rows(con: duckdb.DuckDBPyConnection, items: list[ProgressRows
         else _selected("s", name)
         for name in batch_columns
     )
+    verb = "INSERT OR REPLACE" if replace else "INSERT"
     # The previous batch's watermark is the one Spark's late-row filter used for this batch;
     # it may be in this flush (ps) or already in the file (pb).
     con.execute(
         f"""
-        INSERT OR REPLACE INTO batches ({", ".join(batch_columns)})
+        {verb} INTO batches ({", ".join(batch_columns)})
         SELECT {select}
         FROM wmwatch_stage_batches s
         LEFT JOIN wmwatch_stage_batches ps
@@ -367,36 +425,73 @@ def write_progress_rows(con: duckdb.DuckDBPyConnection, items: list[ProgressRows
                ON pb.query_id = s.query_id AND pb.batch_id = s.batch_id - 1
         """
     )
-    _insert_batch_rows(
-        con, "operators", OperatorRow._fields, [r for item in items for r in item.operators]
+
+
+def _drop_rows_a_batch_no_longer_has(
+    con: duckdb.DuckDBPyConnection, batches: list[BatchRow]
+) -> None:
+    """A retried batch that reports fewer operators or sources than its first attempt."""
+    counts = [
+        [b.query_id for b in batches],
+        [b.batch_id for b in batches],
+        [b.operator_count for b in batches],
+        [b.source_count for b in batches],
+    ]
+    rewritten = (
+        "(SELECT unnest($1::VARCHAR[]) AS query_id, unnest($2::BIGINT[]) AS batch_id, "
+        "unnest($3::INTEGER[]) AS operator_count, unnest($4::INTEGER[]) AS source_count)"
     )
-    _insert_batch_rows(
-        con, "sources", SourceRow._fields, [r for item in items for r in item.sources]
-    )
-    # A retried batch that reports fewer operators or sources than its first attempt.
     con.execute(
-        """
-        DELETE FROM operators o USING wmwatch_stage_batches s
+        f"""
+        DELETE FROM operators o USING {rewritten} s
         WHERE o.query_id = s.query_id AND o.batch_id = s.batch_id
           AND o.operator_id >= s.operator_count
-        """
+        """,
+        counts,
     )
     con.execute(
-        """
-        DELETE FROM sources o USING wmwatch_stage_batches s
+        f"""
+        DELETE FROM sources o USING {rewritten} s
         WHERE o.query_id = s.query_id AND o.batch_id = s.batch_id
           AND o.source_index >= s.source_count
-        """
+        """,
+        counts,
     )
+
+
+def _record_queries(con: duckdb.DuckDBPyConnection, batches: list[BatchRow]) -> None:
+    """Each run's row in ``queries``: its name, newest batch and last progress time."""
+    runs: dict[tuple[str, str], tuple[int, str | None, int, datetime]] = {}
+    for b in batches:
+        at = b.batch_at or b.recorded_at
+        key = (b.query_id, b.run_id)
+        known = runs.get(key)
+        if known is None:
+            runs[key] = (b.seq, b.query_name, b.batch_id, at)
+        else:
+            seq, name, last, latest_at = known
+            runs[key] = (
+                max(seq, b.seq),
+                b.query_name if b.seq > seq else name,
+                max(last, b.batch_id),
+                max(latest_at, at),
+            )
+    keys = list(runs)
     con.execute(
         """
         INSERT INTO queries (query_id, run_id, query_name, status, last_batch_id, last_progress_at)
-        SELECT query_id, run_id, arg_max(query_name, seq), 'active', max(batch_id),
-               max(coalesce(batch_at, recorded_at))
-        FROM wmwatch_stage_all GROUP BY query_id, run_id
+        SELECT unnest($1::VARCHAR[]), unnest($2::VARCHAR[]), unnest($3::VARCHAR[]), 'active',
+               unnest($4::BIGINT[]), unnest($5::TIMESTAMPTZ[])
         ON CONFLICT (query_id, run_id) DO UPDATE SET
             query_name = coalesce(excluded.query_name, queries.query_name),
             last_batch_id = greatest(coalesce(queries.last_batch_id, -1), excluded.last_batch_id),
             last_progress_at = greatest(queries.last_progress_at, excluded.last_progress_at)
-        """
+        """,
+        [
+            [q for q, _ in keys],
+            [r for _, r in keys],
+            [runs[k][1] for k in keys],
+            [runs[k][2] for k in keys],
+            [runs[k][3] for k in keys],
+        ],
     )
