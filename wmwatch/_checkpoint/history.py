@@ -324,13 +324,15 @@ def read_batches(
     operators: tuple[StateOperator, ...] = (),
     has_watermark: bool | None = None,
     previous: OffsetsEntry | None = None,
+    retention: Retention | None = None,
 ) -> CheckpointHistory:
     """Read only ``batch_ids`` (committed batches), for a reader that follows a running query
     and must not read its whole checkpoint again on every new commit.
 
     ``previous`` is the offsets entry of the batch before the first one when the caller still
     has it (so it is not read again). A batch whose offsets are gone (purged since) is left
-    out. The retention comes from listing the logs, as a follower does on every pass anyway.
+    out. The retention comes from listing the logs and state folders, unless the caller passes
+    one it listed a moment ago (a follower lists them at most every few seconds).
     """
     fs = reader.fs
     root = reader.root
@@ -359,18 +361,19 @@ def read_batches(
         for batch_id in wanted
         if batch_id in entries
     )
-    oldest_state = _oldest_state_batch_on_disk(fs, root, operators)
+    if retention is None:
+        retention = retention_of(
+            reader.offset_batches(),
+            reader.committed_batches(),
+            _oldest_state_batch_on_disk(fs, root, operators),
+            batches[-1].offsets.conf if batches else {},
+        )
     return CheckpointHistory(
         checkpoint=root,
         query_id=query_id,
         batches=batches,
         operators=operators,
-        retention=retention_of(
-            reader.offset_batches(),
-            reader.committed_batches(),
-            oldest_state,
-            batches[-1].offsets.conf if batches else {},
-        ),
+        retention=retention,
         has_watermark=has_watermark,
     )
 

@@ -7,7 +7,10 @@ The batch is read as ``wmwatch checkpoint-history`` reads it
 (:func:`~wmwatch._checkpoint.history.write_history`), under the same run id, through
 the watch's one history store, just before the batch's audit marker: one writer, no second
 lock on the file. Only the batch just audited is read (and the offsets of the one before, which
-the previous call kept), so a long-running sidecar reads each offsets file about once.
+the previous call kept), so a long-running sidecar reads each offsets file about once; the
+checkpoint's reach (offsets, commits, state folders, for the ``checkpoint_reads`` row) is
+listed at most every few seconds, and that row's count of batches written is added to, never
+recounted over the whole history, per batch.
 Writing a batch again replaces its rows, so a restarted sidecar duplicates nothing; at start,
 batches marked audited without a batch row (a write lost with a kill, or a history from an
 older wmwatch) are written while the checkpoint still holds them.
@@ -19,6 +22,7 @@ the same history file adds them and the sidecar's later writes keep them.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -26,6 +30,7 @@ from wmwatch._audit.sinks import AuditHistory, BatchLateRows
 from wmwatch._checkpoint.history import (
     CHECKPOINT_RUN_ID,
     CheckpointHistory,
+    Retention,
     StateOperator,
     read_batches,
     read_operators,
@@ -42,6 +47,9 @@ _log = get_logger("wmwatch.audit")
 
 # Batches written per transaction when catching up at start.
 _CATCH_UP_CHUNK = 200
+# How often the checkpoint's reach (offsets, commits, state folders) is listed again for the
+# history's checkpoint_reads row: a listing per audited batch would cost more than the batch.
+_LIST_EVERY_SECONDS = 10.0
 
 
 class SidecarHistory(AuditHistory):
@@ -64,6 +72,11 @@ class SidecarHistory(AuditHistory):
         self._operators: tuple[StateOperator, ...] = ()
         # the offsets of the batch last written, which the next batch starts from
         self._previous: OffsetsEntry | None = None
+        # the checkpoint's reach, listed at most every _LIST_EVERY_SECONDS (not per batch)
+        self._retention: Retention | None = None
+        self._listed_at = 0.0
+        # this sidecar's row in checkpoint_reads counts on from what it wrote since
+        self._started_at = datetime.now(UTC)
 
     def last_audited_batch(self) -> int | None:
         """The newest marked batch (where the audit resumes), after writing the history of
@@ -128,6 +141,7 @@ class SidecarHistory(AuditHistory):
             if not self._operators:  # a query's operators are in its checkpoint once it ran
                 self._operators = read_operators(self._reader)[0]
             previous = self._previous
+            fresh = time.monotonic() - self._listed_at < _LIST_EVERY_SECONDS
             history = read_batches(
                 self._reader,
                 self.query_id,
@@ -135,7 +149,10 @@ class SidecarHistory(AuditHistory):
                 operators=self._operators,
                 has_watermark=self._has_watermark,
                 previous=previous if previous and previous.batch_id == batch_ids[0] - 1 else None,
+                retention=self._retention if fresh else None,
             )
+            if not fresh:
+                self._retention, self._listed_at = history.retention, time.monotonic()
         except Exception as exc:  # noqa: BLE001 - the history is extra; the audit must go on
             _log.warning(
                 "wmwatch: audit %s: no batch history for batches %s-%s: %s",
@@ -149,7 +166,7 @@ class SidecarHistory(AuditHistory):
             return  # purged since: nothing left to read
         self._previous = history.batches[-1].offsets
         self._store.submit(
-            _history_writer(history, self._query_name),
+            _history_writer(history, self._query_name, self._started_at),
             description=(
                 f"audit {self.label}: history of batches {batch_ids[0]}-{batch_ids[-1]} "
                 f"(run {CHECKPOINT_RUN_ID})"
@@ -157,19 +174,40 @@ class SidecarHistory(AuditHistory):
         )
 
 
-def _history_writer(history: CheckpointHistory, name: str | None) -> Write:
+def _history_writer(history: CheckpointHistory, name: str | None, started_at: datetime) -> Write:
     read_at = datetime.now(UTC)
+    query_id, checkpoint = history.query_id, clean(history.checkpoint)
+    batch_ids = [b.batch_id for b in history.batches]
 
     def write(con: duckdb.DuckDBPyConnection) -> None:
+        before = con.execute(
+            "SELECT batches_written, read_at FROM checkpoint_reads "
+            "WHERE query_id = ? AND checkpoint = ?",
+            [query_id, checkpoint],
+        ).fetchone()
+        (present,) = con.execute(
+            "SELECT count(*) FROM batches WHERE query_id = ? AND batch_id = ANY(?::BIGINT[])",
+            [query_id, batch_ids],
+        ).fetchone() or (0,)
         write_history(con, history, name, read_at, state_batches_counted=0)
-        # the sidecar's read goes on batch by batch: its row counts every batch written so far
-        con.execute(
-            """
-            UPDATE checkpoint_reads SET batches_written = (
-                SELECT count(*) FROM batches WHERE query_id = $1 AND run_id = $2)
-            WHERE query_id = $1 AND checkpoint = $3
-            """,
-            [history.query_id, CHECKPOINT_RUN_ID, clean(history.checkpoint)],
-        )
+        # the sidecar's read goes on batch by batch: its row counts every batch written so far,
+        # counted once when this sidecar first writes and then added to (never a count of the
+        # whole history per batch)
+        if before is not None and before[0] is not None and before[1] >= started_at:
+            total = int(before[0]) + len(batch_ids) - int(present)
+            con.execute(
+                "UPDATE checkpoint_reads SET batches_written = ? "
+                "WHERE query_id = ? AND checkpoint = ?",
+                [total, query_id, checkpoint],
+            )
+        else:
+            con.execute(
+                """
+                UPDATE checkpoint_reads SET batches_written = (
+                    SELECT count(*) FROM batches WHERE query_id = $1 AND run_id = $2)
+                WHERE query_id = $1 AND checkpoint = $3
+                """,
+                [query_id, CHECKPOINT_RUN_ID, checkpoint],
+            )
 
     return write
