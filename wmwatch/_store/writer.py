@@ -233,6 +233,10 @@ class HistoryStore:
             self._writer_lock.release()
             raise
         self.history_at_open: tuple[QueryHistory, ...] = opened.history
+        # open_for_writing just migrated this very file: the first flush need not again
+        with contextlib.suppress(OSError):
+            stat = os.stat(self.path)
+            self._verified_file = (stat.st_dev, stat.st_ino)
         self.recovered_after_crash = opened.recovered_after_crash
         if self._writer_lock.unlocked_reason is not None:
             _log.warning(
