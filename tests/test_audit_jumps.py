@@ -347,7 +347,7 @@ def test_a_poison_dated_2100_adds_each_batch_to_the_cost_once(tmp_path: Path) ->
             watch.after_recorded(batch_id, reader)
 
         def cost() -> tuple[int, int]:
-            assert store.flush(10)
+            assert store.flush(120)  # a guard against a hang only
             got = store.read(
                 lambda con: con.execute(
                     "SELECT rows_dropped_since, counted_through_batch FROM watermark_jumps"
