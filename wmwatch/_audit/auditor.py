@@ -123,6 +123,7 @@ class Auditor:
         # 0: nothing to yield to (a sidecar runs no production job)
         self._idle = IdleWait(yield_factor)
         self._retention = Retention(replayer.spark, query_id)
+        self._retention_at = 0.0  # when the retention gauges were last brought up to date
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -367,12 +368,15 @@ class Auditor:
                     if following is not None
                     else None
                 )
-            self._update_retention(following, committed)
+            if following is None or time.monotonic() - self._retention_at >= 1.0:
+                # a listing of offsets/: once a second while catching up, not once a batch
+                self._update_retention(following, committed)
         return True
 
     # -- batches the checkpoint no longer holds ---------------------------------------------------
 
     def _update_retention(self, oldest_pending: int | None, committed: list[int]) -> None:
+        self._retention_at = time.monotonic()
         retain = self._retention.retain_batches(self.checkpoint)
         remaining = self._retention.batches_remaining(self.checkpoint, oldest_pending, committed)
         with self._lock:
