@@ -5,8 +5,9 @@ stops; its checkpoint's batch ids are all moved up by 5,000,000, the way a query
 months at one batch a second numbers them (:mod:`tests.shifted_checkpoint`); the query restarts
 on it and Spark goes on at 5,000,0xx. The audit attached then finds the late rows of the new
 batches exactly, counts the five million batches it can no longer read as lost in one range,
-and the memory it takes stays that of an audit of a young query. So does the sidecar over the
-same checkpoint.
+and what it holds stays that of an audit of a young query (the allocations of wmwatch's own
+code, traced, under 16 MiB; a list and a set of five million ids held 280 MiB). So does the
+sidecar over the same checkpoint.
 """
 
 from __future__ import annotations
@@ -81,6 +82,13 @@ def _start(spark: Any, folder: Path) -> tuple[Any, Any]:
     return query, events
 
 
+def _held_by_wmwatch() -> int:
+    """Bytes still held, since tracing started, by what wmwatch's own code allocated (Spark's
+    and py4j's allocations in the same process are theirs, whatever the checkpoint)."""
+    snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, "*/wmwatch/*")])
+    return sum(stat.size for stat in snapshot.statistics("filename"))
+
+
 def _late_rows(db: Path) -> list[tuple[int, int]]:
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute(
@@ -123,7 +131,7 @@ def test_an_audit_of_a_query_whose_batches_begin_above_five_million(
             )
             query.processAllAvailable()
             assert audit.sync(900)  # a guard against a hang only: it replays every batch
-        _, peak = tracemalloc.get_traced_memory()
+        held = _held_by_wmwatch()
         tracemalloc.stop()
         last_batch = query.lastProgress["batchId"]
         status = audit.status()
@@ -146,7 +154,7 @@ def test_an_audit_of_a_query_whose_batches_begin_above_five_million(
     lost = [r.getMessage() for r in caplog.records if " lost " in r.getMessage()]
     assert any("lost batches 0 to 4999999 (5000000 batches)" in line for line in lost), lost
     assert len(lost) == 2, lost
-    assert peak < 64 * MiB, f"the audit traced {peak / MiB:.0f} MiB"
+    assert held < 16 * MiB, f"the audit holds {held / MiB:.0f} MiB"
 
     # the sidecar over the same checkpoint, the query stopped: the same rows, as little memory
     side = wmwatch.attach(
@@ -164,7 +172,7 @@ def test_an_audit_of_a_query_whose_batches_begin_above_five_million(
         )
         sidecar.finish()
         assert sidecar.sync(900)  # a guard against a hang only
-        _, side_peak = tracemalloc.get_traced_memory()
+        side_held = _held_by_wmwatch()
         side_status = sidecar.status()
     finally:
         if tracemalloc.is_tracing():
@@ -173,4 +181,4 @@ def test_an_audit_of_a_query_whose_batches_begin_above_five_million(
     assert _late_rows(stream_dir / "side.duckdb") == late
     assert side_status["batches_lost"] == SHIFT + 1
     assert side_status["errors"] == 0, side_status["last_error"]
-    assert side_peak < 64 * MiB, f"the sidecar traced {side_peak / MiB:.0f} MiB"
+    assert side_held < 16 * MiB, f"the sidecar holds {side_held / MiB:.0f} MiB"
