@@ -77,8 +77,8 @@ def make_tls(folder: Path) -> Tls:
 
     ca, ca_key = folder / "ca.pem", folder / "ca-key.pem"
     run(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=wmwatch test CA",
-        "-keyout", str(ca_key), "-out", str(ca),
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        "-subj", "/CN=wmwatch test CA", "-keyout", str(ca_key), "-out", str(ca),
     )  # fmt: skip
     made = {}
     for who, extension in (
@@ -110,7 +110,7 @@ class Collector:
     process: subprocess.Popen[bytes] | None = None
 
     def endpoint(self, receiver: str, protocol: str) -> str:
-        """``http(s)://127.0.0.1:port`` of one receiver (plain, secure) and protocol (http, grpc)."""
+        """The URL of a receiver (plain, secure) for a protocol (http, grpc)."""
         scheme = "https" if receiver == "secure" else "http"
         return f"{scheme}://127.0.0.1:{self.ports[f'{receiver}_{protocol}']}"
 
@@ -161,7 +161,12 @@ def configure(work: Path, tls: Tls) -> Collector:
         },
     }
     exporters = {
-        f"file/{name}": {"path": str(collector.output(name)), "flush_interval": "100ms"}
+        # append: a restarted Collector keeps what it wrote before
+        f"file/{name}": {
+            "path": str(collector.output(name)),
+            "append": True,
+            "flush_interval": "100ms",
+        }
         for name in ("plain", "secure")
     }
     pipelines = {

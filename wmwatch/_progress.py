@@ -347,9 +347,7 @@ def _parse_sources(value: Any) -> tuple[SourceProgress, ...]:
                 input_rows=_as_nonneg_int(item.get("numInputRows")),
                 input_rows_per_second=_as_nonneg_float(item.get("inputRowsPerSecond")),
                 processed_rows_per_second=_as_nonneg_float(item.get("processedRowsPerSecond")),
-                kafka_partitions=_kafka_partitions(item)
-                if description.startswith("Kafka")
-                else (),
+                kafka_partitions=_kafka_partitions(item) if description.startswith("Kafka") else (),
             )
         )
     return tuple(sources)

@@ -15,10 +15,12 @@ Header values (tokens) are never logged; the endpoint is redacted wherever it is
 from __future__ import annotations
 
 import collections
+import contextlib
+import logging
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ from wmwatch._errors import ConfigError
 from wmwatch._metrics.otlp.convert import to_metrics_data
 from wmwatch._metrics.otlp.spans import BatchSpans
 from wmwatch._progress import ProgressSnapshot
-from wmwatch._text import clean, error_line, get_logger, redact
+from wmwatch._text import clean, error_line, first_line, get_logger, redact
 
 log = get_logger("wmwatch")
 
@@ -45,17 +47,58 @@ SIGNALS = ("metrics", "traces")
 # Spans waiting for the next export: about 1 KB each, so the buffer stays under a few MB.
 MAX_PENDING_SPANS = 2048
 SPANS_PER_EXPORT = 512
-# The OpenTelemetry SDK's own loggers: wmwatch's redaction goes on them too, so an exporter's
-# error message that quotes a URL with credentials or a bearer token is masked.
+# The loggers of the SDK's OTLP exporters. While wmwatch exports, what they log (an ERROR and
+# retry WARNINGs per failed export: every interval while a Collector is down) is held back and
+# said once per outage in wmwatch's own line; the same exporters used by the application log as
+# they always do. wmwatch's redaction goes on them as well.
 _SDK_LOGGERS = (
-    "opentelemetry.exporter.otlp.proto.http",
-    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
-    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.exporter.otlp.common._aggregation",
+    "opentelemetry.exporter.otlp.proto.common._internal",
+    "opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder",
+    "opentelemetry.exporter.otlp.proto.common._internal.trace_encoder",
     "opentelemetry.exporter.otlp.proto.grpc.exporter",
     "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
     "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
 )
+
+
+class _OwnExports(logging.Filter):
+    """Holds back what the SDK logs on a thread while it runs one of wmwatch's exports, keeping
+    the last message (redacted, one line) as the reason of a failure."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def exporting(self) -> Iterator[list[str]]:
+        said: list[str] = []
+        self._local.said = said
+        try:
+            yield said
+        finally:
+            self._local.said = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        said = getattr(self._local, "said", None)
+        if said is None:
+            return True
+        said.append(first_line(redact(record.getMessage())) or record.levelname)
+        return False
+
+
+_OWN_EXPORTS = _OwnExports()
+
+
+def _watch_sdk_loggers() -> None:
+    for name in _SDK_LOGGERS:
+        logger = get_logger(name)
+        if _OWN_EXPORTS not in logger.filters:
+            logger.addFilter(_OWN_EXPORTS)
 
 
 @dataclass(frozen=True)
@@ -102,7 +145,9 @@ def otlp_settings(
     """Check the OTLP options of ``attach``; a mistake is a :class:`ConfigError` saying which."""
     protocol = {"http": "http/protobuf"}.get(protocol, protocol)
     if protocol not in PROTOCOLS:
-        raise ConfigError(f"otlp_protocol must be 'http/protobuf' (or 'http') or 'grpc', not {protocol!r}")
+        raise ConfigError(
+            f"otlp_protocol must be 'http/protobuf' (or 'http') or 'grpc', not {protocol!r}"
+        )
     endpoint = (endpoint or "").strip()
     parts = urllib.parse.urlsplit(endpoint)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -121,7 +166,11 @@ def otlp_settings(
         raise ConfigError("otlp_cafile, otlp_certfile and otlp_keyfile need an https:// endpoint")
     if bool(certfile) != bool(keyfile):
         raise ConfigError("a TLS client certificate needs both otlp_certfile and otlp_keyfile")
-    for option, path in (("otlp_cafile", cafile), ("otlp_certfile", certfile), ("otlp_keyfile", keyfile)):
+    for option, path in (
+        ("otlp_cafile", cafile),
+        ("otlp_certfile", certfile),
+        ("otlp_keyfile", keyfile),
+    ):
         if path:
             _read(option, path)
     if not interval_seconds > 0 or not timeout_seconds > 0:
@@ -191,7 +240,9 @@ def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, SpanExporter | N
         credentials = None
         if settings.secure:
             credentials = grpc.ssl_channel_credentials(
-                root_certificates=_read("otlp_cafile", settings.cafile) if settings.cafile else None,
+                root_certificates=_read("otlp_cafile", settings.cafile)
+                if settings.cafile
+                else None,
                 private_key=_read("otlp_keyfile", settings.keyfile) if settings.keyfile else None,
                 certificate_chain=(
                     _read("otlp_certfile", settings.certfile) if settings.certfile else None
@@ -216,6 +267,7 @@ def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, SpanExporter | N
     )
 
     http_args: dict[str, Any] = {
+        "session": _ca_file_session() if settings.cafile else None,
         "certificate_file": settings.cafile,
         "client_certificate_file": settings.certfile,
         "client_key_file": settings.keyfile,
@@ -229,6 +281,31 @@ def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, SpanExporter | N
         else None
     )
     return metrics, spans
+
+
+def _ca_file_session() -> Any:
+    """A requests session that keeps the CA file it is given.
+
+    requests lets ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` replace a session's ``verify``
+    whenever a request sets none (the SDK's exporter sets it on the session only), so on a
+    machine that exports either variable ``otlp_cafile`` would silently not be used and the
+    Collector's certificate would fail verification.
+    """
+    import requests
+
+    class CaFileSession(requests.Session):
+        def merge_environment_settings(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            settings: dict[str, Any] = super().merge_environment_settings(*args, **kwargs)
+            if isinstance(self.verify, str):
+                settings["verify"] = self.verify
+            return settings
+
+    return CaFileSession()
+
+
+def _reason(said: list[str]) -> str:
+    """Why an export failed, from what the SDK said during it (its last error line)."""
+    return said[-1][:300] if said else "the Collector refused the export or did not answer"
 
 
 class OtlpPlugin(WatchPlugin):
@@ -250,8 +327,7 @@ class OtlpPlugin(WatchPlugin):
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        for name in _SDK_LOGGERS:
-            get_logger(name)
+        _watch_sdk_loggers()
         self.settings = settings
         self._collect = collect
         self._clock = clock
@@ -339,22 +415,22 @@ class OtlpPlugin(WatchPlugin):
             return ok
 
     def _export_metrics(self) -> bool:
-        try:
-            data = to_metrics_data(
-                self._collect(),
-                resource=self._resource,
-                scope=self._scope,
-                start_ns=self._start_ns,
-                now_ns=int(self._clock() * 1e9),
-            )
-            result = self._metric_exporter.export(
-                data, timeout_millis=self.settings.timeout_seconds * 1000
-            )
-            ok = result is MetricExportResult.SUCCESS
-            problem = None if ok else "the Collector refused or did not answer"
-        except Exception as exc:  # noqa: BLE001 - a failed export is counted, never raised
-            ok, problem = False, error_line(exc)
-        self._count("metrics", ok, problem)
+        with _OWN_EXPORTS.exporting() as said:
+            try:
+                data = to_metrics_data(
+                    self._collect(),
+                    resource=self._resource,
+                    scope=self._scope,
+                    start_ns=self._start_ns,
+                    now_ns=int(self._clock() * 1e9),
+                )
+                result = self._metric_exporter.export(
+                    data, timeout_millis=self.settings.timeout_seconds * 1000
+                )
+                ok, problem = result is MetricExportResult.SUCCESS, None
+            except Exception as exc:  # noqa: BLE001 - a failed export is counted, never raised
+                ok, problem = False, error_line(exc)
+        self._count("metrics", ok, problem or _reason(said))
         return ok
 
     def _export_spans(self) -> bool:
@@ -368,31 +444,33 @@ class OtlpPlugin(WatchPlugin):
                 ]
             if not batch:
                 return ok
-            try:
-                result = self._span_exporter.export(batch)
-                sent = result is SpanExportResult.SUCCESS
-                problem = None if sent else "the Collector refused or did not answer"
-            except Exception as exc:  # noqa: BLE001 - a failed export is counted, never raised
-                sent, problem = False, error_line(exc)
-            self._count("traces", sent, problem)
+            with _OWN_EXPORTS.exporting() as said:
+                try:
+                    sent, problem = (
+                        self._span_exporter.export(batch) is SpanExportResult.SUCCESS,
+                        None,
+                    )
+                except Exception as exc:  # noqa: BLE001 - a failed export is counted, never raised
+                    sent, problem = False, error_line(exc)
+            self._count("traces", sent, problem or _reason(said))
             if not sent:
                 with self._lock:
                     self.spans_dropped_total += len(batch)
                 ok = False
 
-    def _count(self, signal: str, ok: bool, problem: str | None) -> None:
+    def _count(self, signal: str, ok: bool, problem: str) -> None:
         with self._lock:
+            # the first failure after a success (or at start) opens an outage, logged once
+            first = self.last_error is None
             if ok:
                 self.exports_total[signal] += 1
                 self.last_export_wall_seconds[signal] = time.time()
-                recovered = self.last_error is not None
                 self.last_error = None
             else:
                 self.dropped_total[signal] += 1
-                first = self.last_error is None
                 self.last_error = problem
         if ok:
-            if recovered:
+            if not first:
                 log.info("wmwatch: OTLP export to %s works again", redact(self.settings.endpoint))
             return
         # Loud once per outage, quiet while it lasts: a Collector that is down fails every export.

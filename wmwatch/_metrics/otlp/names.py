@@ -216,7 +216,7 @@ METRICS: tuple[Mapped, ...] = (
         "{batch}",
         attributes=_SOURCE_NAME,
     ),
-    _m("wmwatch_multiple_watermark_policy", "spark.streaming.watermark.policy", "1", "info"),
+    _m("wmwatch_multiple_watermark_policy", "spark.streaming.query.watermark_policy", "1", "info"),
     _m(
         "wmwatch_findings_active",
         "spark.streaming.findings.active",

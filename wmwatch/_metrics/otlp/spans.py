@@ -60,8 +60,8 @@ class BatchSpans:
         total = phases.pop(TOTAL_PHASE, None)
         if total is None:
             total = snapshot.batch_duration_seconds or sum(phases.values())
-        start_ns = int(started * 1e9)
-        attributes = {
+        start_ns = _ns(started)
+        attributes: dict[str, str | int | float] = {
             "spark.streaming.query.name": snapshot.label,
             "spark.streaming.query.id": snapshot.query_id,
             "spark.streaming.query.run_id": snapshot.run_id,
@@ -77,7 +77,7 @@ class BatchSpans:
         offset_ns = start_ns
         count = 1
         for phase in ordered_phases(phases):
-            length_ns = int(phases[phase] * 1e9)
+            length_ns = _ns(phases[phase])
             child = self._tracer.start_span(
                 phase,
                 context=context,
@@ -87,11 +87,16 @@ class BatchSpans:
             offset_ns += length_ns
             child.end(end_time=offset_ns)
             count += 1
-        batch.end(end_time=start_ns + int(total * 1e9))
+        batch.end(end_time=start_ns + _ns(total))
         return count
 
     def close(self) -> None:
         self._provider.shutdown()
+
+
+def _ns(seconds: float) -> int:
+    # progress times are whole milliseconds: rounded there, float seconds give them back exactly
+    return round(seconds * 1000) * 1_000_000
 
 
 def ordered_phases(phases: Sequence[str] | dict[str, float]) -> list[str]:
