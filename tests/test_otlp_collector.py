@@ -12,6 +12,7 @@ certificate and a bearer token are checked over HTTP and gRPC, and a missing tok
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 import wmwatch
+from tests import kafka_broker
 from tests import otelcol_server as otelcol
 from tests.helpers import free_port, iso, write_events
 from wmwatch._metrics.otlp.names import BY_PROMETHEUS, METRICS, Mapped
@@ -266,6 +268,64 @@ def test_every_metric_arrives_with_the_values_metrics_serves(
             child = children[phase]
             assert child.end_unix_nano - child.start_unix_nano == ms * 1_000_000
             assert child.attributes["spark.streaming.batch.phase"] == phase
+
+
+@pytest.mark.kafka
+def test_kafka_partitions_arrive_with_messaging_attributes(
+    spark: Any, kafka: str, stream_dir: Path, collector: otelcol.Collector
+) -> None:
+    topic = kafka_broker.new_topic(kafka, 2)
+    kafka_broker.produce(kafka, topic, [(0, {"n": i}) for i in range(5)] + [(1, {"n": 9})] * 3)
+    service = f"kafka-{uuid.uuid4().hex[:8]}"
+    watch = wmwatch.attach(
+        spark,
+        db=None,
+        metrics_port=None,
+        otlp_endpoint=collector.endpoint("plain", "grpc"),
+        otlp_protocol="grpc",
+        otlp_interval_seconds=3600,
+        otlp_service_name=service,
+    )
+    try:
+        query = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", kafka)
+            .option("subscribe", topic)
+            .option("startingOffsets", "earliest")
+            .load()
+            .writeStream.format("noop")
+            .queryName("otlp_kafka")
+            .trigger(availableNow=True)
+            .option("checkpointLocation", str(stream_dir / "checkpoint"))
+            .start()
+        )
+        assert query.awaitTermination(120)
+        assert watch.flush(30)
+        (source,) = query.lastProgress["sources"]
+        before_ns = time.time_ns()
+        assert otlp_plugin(watch).export_now()
+        points = wait_for(
+            lambda: last_export(collector.output("plain"), service, before_ns), what="the export"
+        )
+    finally:
+        watch.close()
+    # PySpark hands the offsets over as JSON text
+    assert json.loads(source["endOffset"]) == {topic: {"0": 5, "1": 3}}
+    assert json.loads(source["latestOffset"]) == {topic: {"0": 5, "1": 3}}
+
+    def by_partition(name: str) -> dict[str, float]:
+        found = {}
+        for p in points:
+            if p.name == name:
+                assert p.attributes["spark.streaming.query.name"] == "otlp_kafka"
+                assert p.attributes["spark.streaming.source.index"] == "0"
+                assert p.attributes["messaging.system"] == "kafka"
+                assert p.attributes["messaging.destination.name"] == topic
+                found[p.attributes["messaging.destination.partition.id"]] = p.value
+        return found
+
+    assert by_partition("spark.streaming.source.kafka.offset") == {"0": 5.0, "1": 3.0}
+    assert by_partition("spark.streaming.source.kafka.lag") == {"0": 0.0, "1": 0.0}
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
