@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.connect_server import _free_port, _listening
+from tests.kafka_broker import _stop as stop_process
 
 SOURCE = Path(__file__).parent / "otelcol"
 START_TIMEOUT_SECONDS = 30.0
-STOP_TIMEOUT_SECONDS = 15.0
 TOKEN = "wmwatch-test-token-5f2c9"
 
 
@@ -216,12 +216,7 @@ def stop(collector: Collector) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         process.send_signal(signal.SIGCONT)  # a paused Collector cannot end
-    process.terminate()
-    try:
-        process.wait(STOP_TIMEOUT_SECONDS)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(STOP_TIMEOUT_SECONDS)
+    stop_process(process)
 
 
 def pause(collector: Collector, paused: bool) -> None:

@@ -435,7 +435,6 @@ class OtlpPlugin(WatchPlugin):
 
     def _export_spans(self) -> bool:
         assert self._span_exporter is not None
-        ok = True
         while True:
             with self._lock:
                 batch = [
@@ -443,7 +442,7 @@ class OtlpPlugin(WatchPlugin):
                     for _ in range(min(SPANS_PER_EXPORT, len(self._pending)))
                 ]
             if not batch:
-                return ok
+                return True
             with _OWN_EXPORTS.exporting() as said:
                 try:
                     sent, problem = (
@@ -456,7 +455,8 @@ class OtlpPlugin(WatchPlugin):
             if not sent:
                 with self._lock:
                     self.spans_dropped_total += len(batch)
-                ok = False
+                # the rest waits for the next export: one timeout per export, not one per chunk
+                return False
 
     def _count(self, signal: str, ok: bool, problem: str) -> None:
         with self._lock:
@@ -483,12 +483,19 @@ class OtlpPlugin(WatchPlugin):
         )
 
     def close(self) -> None:
-        """Stop the thread, export once more so the Collector gets the final values, shut down."""
+        """Stop the thread, export once more so the Collector gets the final values, shut down.
+
+        Bounded: an export under way ends within its timeouts (metrics, then one span chunk);
+        the last export is skipped when the one before failed, so closing never waits twice on a
+        Collector that is down or silent."""
         if self._stop.is_set():
             return
         self._stop.set()
         self._thread.join(timeout=self.settings.timeout_seconds * 2 + 1.0)
-        self.export_now()
+        with self._lock:
+            failing = self.last_error is not None
+        if not self._thread.is_alive() and not failing:
+            self.export_now()
         for exporter in (self._metric_exporter, self._span_exporter):
             if exporter is not None:
                 try:
