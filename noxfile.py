@@ -45,7 +45,7 @@ MATRIX = {
         ".venv",
         None,
         (),
-        ("-m", "not (spark or slow or prometheus or kafka or delta or connect)"),
+        ("-m", "not (spark or slow or prometheus or kafka or delta or connect or otel)"),
     ),
     "delta": Env(
         ".venv-delta",

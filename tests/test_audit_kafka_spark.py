@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable
 from typing import Any
 
 import pytest
+
+from tests import kafka_broker
+from tests.kafka_broker import produce
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -25,23 +27,7 @@ PARTITIONS = 3
 
 
 def new_topic(bootstrap: str, partitions: int = PARTITIONS) -> str:
-    """A fresh topic (a unique name per test: the broker is shared by the run)."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    name = f"t_{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
-    return name
-
-
-def produce(bootstrap: str, topic: str, records: Iterable[tuple[int, dict[str, Any]]]) -> None:
-    """Write ``(partition, value)`` records in order, each value as JSON; wait for every ack."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "all"})
-    for partition, value in records:
-        producer.produce(topic, json.dumps(value).encode(), partition=partition)
-    assert producer.flush(30) == 0
+    return kafka_broker.new_topic(bootstrap, partitions)
 
 
 def test_spark_reads_the_broker(spark: Any, kafka: str) -> None:

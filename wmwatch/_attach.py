@@ -13,7 +13,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -210,7 +210,33 @@ class Watch:
                     keyfile=options.push_keyfile,
                 )
             )
+        if options.otlp_endpoint:
+            plugins.append(self._otlp_plugin(options))
         return plugins
+
+    def _otlp_plugin(self, options: WatchOptions) -> WatchPlugin:
+        try:
+            from wmwatch._metrics.otlp.exporter import OtlpPlugin, otlp_settings, spark_resource
+        except ImportError as exc:
+            raise ConfigError(
+                f"otlp_endpoint needs the OpenTelemetry SDK ({exc.name or exc} is missing): "
+                "pip install 'wmwatch[otel]'"
+            ) from None
+        settings = otlp_settings(
+            options.otlp_endpoint or "",
+            protocol=options.otlp_protocol,
+            headers=options.otlp_headers,
+            cafile=options.otlp_cafile,
+            certfile=options.otlp_certfile,
+            keyfile=options.otlp_keyfile,
+            interval_seconds=options.otlp_interval_seconds,
+            timeout_seconds=options.otlp_timeout_seconds,
+            traces=options.otlp_traces,
+        )
+        resource = spark_resource(
+            self.spark, options.otlp_service_name, options.otlp_resource_attributes
+        )
+        return OtlpPlugin(self.registry.collect, settings, resource)
 
     def _endpoint_connections(self) -> Connections | None:
         server = self.metrics_server
@@ -360,6 +386,17 @@ def attach(
     push_cafile: str | None = None,
     push_certfile: str | None = None,
     push_keyfile: str | None = None,
+    otlp_endpoint: str | None = None,
+    otlp_protocol: str = "http/protobuf",
+    otlp_headers: Mapping[str, str] | None = None,
+    otlp_cafile: str | None = None,
+    otlp_certfile: str | None = None,
+    otlp_keyfile: str | None = None,
+    otlp_interval_seconds: float = 10.0,
+    otlp_timeout_seconds: float = 5.0,
+    otlp_service_name: str | None = None,
+    otlp_resource_attributes: Mapping[str, str] | None = None,
+    otlp_traces: bool = False,
 ) -> Watch:
     """Watch every streaming query of ``spark``, including ones already running.
 
@@ -377,6 +414,16 @@ def attach(
     ``push_basic_auth``: ``(user, password)`` for the Pushgateway; ``push_cafile``: the CA that
     signed its certificate (https; default the system's CAs); ``push_certfile`` and
     ``push_keyfile``: a client certificate.
+    ``otlp_endpoint``: an OpenTelemetry Collector (``http://host:4318``, or ``https://`` for
+    TLS) to push every metric to over OTLP, beside or instead of /metrics (``pip install
+    'wmwatch[otel]'``). ``otlp_protocol``: ``"http/protobuf"`` (default) or ``"grpc"``
+    (``host:4317``). ``otlp_headers``: sent with every export, e.g. ``{"authorization":
+    "Bearer ..."}`` (never logged). ``otlp_cafile``, ``otlp_certfile``, ``otlp_keyfile``: the CA
+    of the Collector's certificate, a client certificate. ``otlp_interval_seconds`` (10) and
+    ``otlp_timeout_seconds`` (5): how often to export, how long one export may take before it
+    is dropped and counted. ``otlp_service_name`` (default: the Spark application's name) and
+    ``otlp_resource_attributes``: the resource; ``spark.app.id`` and ``spark.app.name`` are
+    added. ``otlp_traces``: one span per micro-batch, its phases as child spans.
 
     One watch per session: on a session that already has a live watch, ``attach`` returns it
     (and warns about options that differ from its own); ``close()`` it first to attach anew.
@@ -404,6 +451,17 @@ def attach(
         push_cafile=push_cafile,
         push_certfile=push_certfile,
         push_keyfile=push_keyfile,
+        otlp_endpoint=otlp_endpoint,
+        otlp_protocol=otlp_protocol,
+        otlp_headers=otlp_headers,
+        otlp_cafile=otlp_cafile,
+        otlp_certfile=otlp_certfile,
+        otlp_keyfile=otlp_keyfile,
+        otlp_interval_seconds=otlp_interval_seconds,
+        otlp_timeout_seconds=otlp_timeout_seconds,
+        otlp_service_name=otlp_service_name,
+        otlp_resource_attributes=otlp_resource_attributes,
+        otlp_traces=otlp_traces,
     )
     requested = options.as_requested()
 

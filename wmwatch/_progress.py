@@ -56,6 +56,24 @@ class OperatorProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class KafkaPartition:
+    """One partition a Kafka source reads: where the batch ended and the newest offset Spark
+    saw (``latestOffset``; None when the progress does not say)."""
+
+    topic: str
+    partition: int
+    end_offset: int
+    latest_offset: int | None = None
+
+    @property
+    def offsets_behind_latest(self) -> int | None:
+        """Records the query has not read yet (0 when caught up)."""
+        if self.latest_offset is None:
+            return None
+        return max(0, self.latest_offset - self.end_offset)
+
+
+@dataclass(frozen=True, slots=True)
 class SourceProgress:
     """One source's numbers for one batch; ``index`` matches the checkpoint's
     ``sources/<index>``."""
@@ -68,6 +86,7 @@ class SourceProgress:
     input_rows: int | None = None
     input_rows_per_second: float | None = None
     processed_rows_per_second: float | None = None
+    kafka_partitions: tuple[KafkaPartition, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,19 +336,59 @@ def _parse_sources(value: Any) -> tuple[SourceProgress, ...]:
     for index, item in enumerate(value):
         if not isinstance(item, Mapping):
             continue
+        description = _description(item.get("description"))
         sources.append(
             SourceProgress(
                 index=index,
-                description=_description(item.get("description")),
+                description=description,
                 start_offset=_offset(item.get("startOffset")),
                 end_offset=_offset(item.get("endOffset")),
                 latest_offset=_offset(item.get("latestOffset")),
                 input_rows=_as_nonneg_int(item.get("numInputRows")),
                 input_rows_per_second=_as_nonneg_float(item.get("inputRowsPerSecond")),
                 processed_rows_per_second=_as_nonneg_float(item.get("processedRowsPerSecond")),
+                kafka_partitions=_kafka_partitions(item) if description.startswith("Kafka") else (),
             )
         )
     return tuple(sources)
+
+
+# Partitions kept per Kafka source: a topic with thousands of partitions must not make every
+# snapshot (and every scrape) that large.
+_MAX_KAFKA_PARTITIONS = 1000
+
+
+def _kafka_partitions(item: Mapping[str, Any]) -> tuple[KafkaPartition, ...]:
+    """A Kafka source's offsets per partition: ``{"topic": {"0": 1234, ...}}`` (the shape of its
+    ``endOffset`` and ``latestOffset``, also as text); () for any other shape."""
+    end = _offset_map(item.get("endOffset"))
+    latest = _offset_map(item.get("latestOffset"))
+    partitions = [
+        KafkaPartition(topic, partition, offset, latest.get((topic, partition)))
+        for (topic, partition), offset in sorted(end.items())
+    ]
+    return tuple(partitions[:_MAX_KAFKA_PARTITIONS])
+
+
+def _offset_map(value: Any) -> dict[tuple[str, int], int]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    if not isinstance(value, Mapping):
+        return {}
+    offsets: dict[tuple[str, int], int] = {}
+    for topic, by_partition in value.items():
+        if not isinstance(topic, str) or not isinstance(by_partition, Mapping):
+            continue
+        name = _cleaned(topic, _MAX_NAME_CHARS)
+        for partition, offset in by_partition.items():
+            number = _as_nonneg_int(offset)
+            index = _as_nonneg_int(partition)
+            if number is not None and index is not None:
+                offsets[(name, index)] = number
+    return offsets
 
 
 # Cleaned names by (text, limit): emptied when full, so its size stays bounded whatever the names.

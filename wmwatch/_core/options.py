@@ -8,7 +8,7 @@ session apart: paths and addresses resolved as the watch resolves them, so ``"h.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -50,10 +50,26 @@ class WatchOptions:
     push_cafile: str | None = None
     push_certfile: str | None = None
     push_keyfile: str | None = None
+    otlp_endpoint: str | None = None
+    otlp_protocol: str = "http/protobuf"
+    otlp_headers: Mapping[str, str] | None = None
+    otlp_cafile: str | None = None
+    otlp_certfile: str | None = None
+    otlp_keyfile: str | None = None
+    otlp_interval_seconds: float = 10.0
+    otlp_timeout_seconds: float = 5.0
+    otlp_service_name: str | None = None
+    otlp_resource_attributes: Mapping[str, str] | None = None
+    otlp_traces: bool = False
 
     def __post_init__(self) -> None:
         # an iterator would be used up by the first watch; the options must stay comparable
         object.__setattr__(self, "plugins", tuple(self.plugins))
+        # copies: a caller's dict changed later must not change what the watch was made with
+        for name in ("otlp_headers", "otlp_resource_attributes"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, dict(value))
 
     @property
     def bind_addr(self) -> str:

@@ -182,6 +182,18 @@ class WatchCollector(Collector):
             "Input rows per source.",
             ["query", "source", "description"],
         )
+        kafka = ["query", "source", "topic", "partition"]
+        kafka_offset = _gauge(
+            "wmwatch_kafka_partition_end_offset",
+            "Offset a Kafka input's last batch read up to, per topic partition.",
+            kafka,
+        )
+        kafka_behind = _gauge(
+            "wmwatch_kafka_partition_offsets_behind_latest",
+            "Records of a Kafka topic partition the query has not read yet (the latest offset "
+            "Spark saw minus the last batch's end).",
+            kafka,
+        )
 
         for state in states:
             q = state.label
@@ -246,12 +258,17 @@ class WatchCollector(Collector):
                     [q, str(source.index), source.description[:200]],
                     state.source_rows_total.get(source.index, 0),
                 )
+                for part in source.kafka_partitions:
+                    labels = [q, str(source.index), part.topic, str(part.partition)]
+                    kafka_offset.add_metric(labels, part.end_offset)
+                    if part.offsets_behind_latest is not None:
+                        kafka_behind.add_metric(labels, part.offsets_behind_latest)
         yield from (
             info, up, failed, watermark, ev_max, ev_min, ev_avg, lag, delay, ahead, spread,
             input_total,
             batch_rows, in_rate, proc_rate, duration, phases, batches, missed, batch_id,
             last_progress, last_event, dropped, state_rows, state_updated, state_removed,
-            state_mem, src_rows,
+            state_mem, src_rows, kafka_offset, kafka_behind,
         )  # fmt: skip
 
     def _health_metrics(self) -> Iterator[Metric]:
