@@ -44,6 +44,7 @@ from wmwatch._audit.start import (
     checked_options,
 )
 from wmwatch._checkpoint.reader import (
+    CheckpointDamaged,
     CheckpointReader,
     HadoopFileSystem,
     inside_local_checkpoint,
@@ -86,7 +87,7 @@ def checkpoint_query_id(reader: CheckpointReader) -> str:
     if text is not None:
         try:
             doc = json.loads(text.strip().splitlines()[0]) if text.strip() else None
-        except ValueError:
+        except (ValueError, RecursionError):
             doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
         raise ConfigError(
@@ -158,8 +159,11 @@ def _newest_logged_file(reader: CheckpointReader, source_index: int) -> str | No
         (int(m.group(1)), name) for name in names if (m := re.match(r"^(\d+)(\.compact)?$", name))
     )
     for _, name in reversed(numbered):
-        text = reader.fs.read_text(f"{directory}/{name}")
-        files = parse_source_log(text, f"sources/{source_index}/{name}") if text else []
+        try:
+            text = reader.fs.read_text(f"{directory}/{name}")
+            files = parse_source_log(text, f"sources/{source_index}/{name}") if text else []
+        except CheckpointDamaged:
+            continue  # costs the batches that read it, when the audit reaches them
         if files:
             return files[-1].path
     return None
