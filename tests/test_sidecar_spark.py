@@ -653,3 +653,83 @@ def test_sidecar_of_a_kafka_query_finds_what_spark_dropped(
     assert [row[0] for row in side_batches] == committed
     assert [row for row in side_batches if row[0] in {r[0] for r in listener}] == listener
     assert len(listener) >= 5
+
+
+def test_damaged_offsets_cost_their_batches_and_the_sidecar_audits_every_other_one(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The damage seen on a copy of a stopped query's checkpoint (``offsets/28`` emptied, the
+    newest offsets file overwritten by bytes that are not JSON, which kept the sidecar from
+    starting), on a shorter run: a middle offsets file emptied and the newest one overwritten.
+    The sidecar starts, counts the emptied batch, the one after it (which starts where the
+    emptied one ended, so neither its watermark nor its files are known) and the newest batch
+    lost with the reason, retries nothing, and finds in every other batch exactly the rows
+    Spark dropped; ``checkpoint-history`` writes every other batch, one warning line per
+    damaged file."""
+    (tmp_path / "in").mkdir()
+    for rows in many_files(16):
+        write_events(tmp_path / "in", rows)
+
+    def one_file_a_batch(session: Any) -> Any:
+        return (
+            session.readStream.schema(sidecar_defs.SCHEMA)
+            .option("maxFilesPerTrigger", 1)
+            .json(str(tmp_path / "in"))
+            .withWatermark("ts", "10 seconds")
+        )
+
+    checkpoint = tmp_path / "checkpoint"
+    query = (
+        sidecar_defs.dedupe(one_file_a_batch(spark))
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    dropped = Counter()
+    for progress in query.recentProgress:
+        for op in progress["stateOperators"]:
+            dropped[progress["batchId"]] += op["numRowsDroppedByWatermark"]
+    reader = CheckpointReader(str(checkpoint))
+    committed = reader.committed_batches()
+    newest = reader.offset_batches()[-1]
+    assert committed == list(range(newest + 1)) and newest >= 15
+    middle = newest // 2
+    (checkpoint / "offsets" / str(middle)).write_bytes(b"")
+    (checkpoint / "offsets" / str(newest)).write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00 not json")
+    lost = {middle, middle + 1, newest}
+    assert sum(dropped[b] for b in committed if b not in lost) >= 5, "too few late rows"
+
+    events = one_file_a_batch(spark)
+    with wmwatch.attach(spark, db=str(tmp_path / "side.duckdb"), metrics_port=None) as watch:
+        side = watch.audit_checkpoint(
+            checkpoint, events, sidecar_defs.dedupe(events), poll_interval_seconds=0.2
+        )
+        assert side.sync(300), side.status()
+        status = side.status()
+        side.stop()
+    assert status["errors"] == 0, status["last_error"]  # nothing retried
+    assert status["batches_lost"] == len(lost) and status["last_lost_batch"] == newest
+    assert (
+        f"offsets/{newest} does not start with a log version line" in (status["last_lost_reason"])
+    )
+    assert status["batches_audited"] == len(committed) - len(lost)
+    with duckdb.connect(str(tmp_path / "side.duckdb"), read_only=True) as con:
+        marks = dict(con.execute("SELECT batch_id, late_rows FROM audit_batches").fetchall())
+        late = Counter(b for (b,) in con.execute("SELECT batch_id FROM late_rows").fetchall())
+    assert sorted(marks) == [b for b in committed if b not in lost]
+    assert {b: late.get(b, 0) for b in marks} == {b: dropped[b] for b in marks} == marks
+
+    db = tmp_path / "history.duckdb"
+    result = runner.invoke(
+        app, ["checkpoint-history", str(checkpoint), "--db", str(db), "--no-state"]
+    )
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if "warning:" in line]
+    assert len(warnings) == 2, result.output
+    assert f"offsets/{middle} is empty" in warnings[0]
+    assert f"offsets/{newest} does not start" in warnings[1]
+    with duckdb.connect(str(db), read_only=True) as con:
+        written = [b for (b,) in con.execute("SELECT batch_id FROM batches ORDER BY 1").fetchall()]
+    assert written == [b for b in committed if b not in (middle, newest)]

@@ -442,6 +442,20 @@ class CheckpointReader:
     def commit_mtime_seconds(self, batch_id: int) -> float | None:
         return self.fs.mtime_seconds(self._join("commits", str(batch_id)))
 
+    def watermark_after_ms(self, batch_id: int) -> int | None:
+        """The watermark batch ``batch_id`` left for the next one (``nextBatchWatermarkMs`` of
+        ``commits/N``); None when the commit is gone, :class:`CheckpointDamaged` when it is not
+        what Spark writes."""
+        what = f"commits/{batch_id}"
+        text = self.fs.read_text(self._join("commits", str(batch_id)))
+        if text is None:
+            return None
+        lines = _log_lines(text, what)
+        doc = checkpoint_json(lines[0] if lines else "", what)
+        if not isinstance(doc, dict):
+            raise CheckpointDamaged(f"{what} is not the object Spark writes; it is damaged.")
+        return checkpoint_long(doc.get("nextBatchWatermarkMs", 0), f"{what} nextBatchWatermarkMs")
+
     def offsets(self, batch_id: int) -> OffsetsEntry | None:
         """``offsets/N``; None when the file is gone, :class:`CheckpointDamaged` when it is not
         what Spark writes."""

@@ -34,6 +34,7 @@ from wmwatch._audit.replay.refusals import (
     nondeterministic_reason,
     refused,
     stateful_reason,
+    too_large_reason,
 )
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError
@@ -53,8 +54,12 @@ _BATCH_TIME = frozenset(
         "CurrentBatchTimestamp",
     }
 )
-# expressions examined per plan at most, so that a huge generated plan cannot stall the start
-_MAX_EXPRESSIONS = 20_000
+# expressions examined one by one per plan at most, so that a huge generated plan cannot stall
+# the start; past it the plan is refused, never accepted unchecked
+MAX_EXPRESSIONS = 20_000
+_TREE_PATTERN = "org.apache.spark.sql.catalyst.trees.TreePattern"
+# the metadata key on the event-time column that carries a watermark's delay
+_DELAY_KEY = "spark.watermarkDelayMs"
 
 
 def _jvm_list(spark: Any, seq: Any) -> list[Any]:
@@ -89,15 +94,34 @@ def _leaf_paths(spark: Any, root: Any) -> list[list[tuple[Any, int]]]:
     return found
 
 
-def _expressions(spark: Any, node: Any) -> Iterator[Any]:
-    """Every expression of one plan node, pre-order, bounded by :data:`_MAX_EXPRESSIONS`."""
-    pending = list(reversed(_jvm_list(spark, node.expressions())))
-    seen = 0
-    while pending and seen < _MAX_EXPRESSIONS:
-        expression = pending.pop()
-        seen += 1
-        yield expression
-        pending.extend(reversed(_jvm_list(spark, expression.children())))
+class _Budget:
+    """How many more expressions one plan's check may examine one by one (each costs py4j
+    round trips); :func:`refused` with the reason when it runs out."""
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+        self.limit = limit
+
+    def take(self, where: str) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise refused(too_large_reason(self.limit, where))
+
+
+def _culprits(
+    spark: Any, expression: Any, matches: Any, budget: _Budget, where: str
+) -> Iterator[Any]:
+    """The innermost expressions under ``expression`` (itself included) that ``matches``
+    while none of their children does: only the branches that match are walked."""
+    pending = [expression]
+    while pending:
+        current = pending.pop()
+        budget.take(where)
+        children = [c for c in _jvm_list(spark, current.children()) if matches(c)]
+        if children:
+            pending.extend(reversed(children))
+        else:
+            yield current
 
 
 def _describe(expression: Any) -> str:
@@ -107,19 +131,31 @@ def _describe(expression: Any) -> str:
         return str(expression.prettyName())
 
 
-def unreplayable_reason(spark: Any, node: Any) -> str | None:
+def unreplayable_reason(spark: Any, node: Any, budget: _Budget | None = None) -> str | None:
     """Why one node of ``events``' plan (JVM) cannot be replayed over a batch (and what to
-    do), or None."""
-    reason = stateful_reason(_name(node))
+    do), or None.
+
+    Each of the node's expressions is asked two facts Catalyst keeps for its whole tree,
+    whatever its size: whether it is deterministic, and whether any part of it is a
+    ``CURRENT_LIKE`` (the batch's time among them). Only a tree that answers yes is walked, to
+    name the expression; a walk past :data:`MAX_EXPRESSIONS` refuses the plan."""
+    name = _name(node)
+    reason = stateful_reason(name)
     if reason is not None:
         return reason
-    for expression in _expressions(spark, node):
-        if str(expression.getClass().getSimpleName()) in _BATCH_TIME:
-            return batch_time_reason(_describe(expression))
-        if not expression.deterministic() and all(
-            child.deterministic() for child in _jvm_list(spark, expression.children())
-        ):
-            return nondeterministic_reason(_describe(expression))
+    budget = budget if budget is not None else _Budget(MAX_EXPRESSIONS)
+    current_like = getattr(spark.sparkContext._jvm, _TREE_PATTERN).CURRENT_LIKE()
+    for top in _jvm_list(spark, node.expressions()):
+        if top.containsPattern(current_like):
+            holding = _culprits(
+                spark, top, lambda e: bool(e.containsPattern(current_like)), budget, name
+            )
+            for expression in holding:
+                if str(expression.getClass().getSimpleName()) in _BATCH_TIME:
+                    return batch_time_reason(_describe(expression))
+        if not top.deterministic():
+            varying = _culprits(spark, top, lambda e: not e.deterministic(), budget, name)
+            return nondeterministic_reason(_describe(next(varying)))
     return None
 
 
@@ -144,8 +180,54 @@ class EventsAsWritten:
 
         spark = batch.sparkSession
         jvm = spark.sparkContext._jvm
-        selected = self._leaf_columns(batch)
-        batch_plan = selected._jdf.queryExecution().analyzed()
+        node = self._leaf_plan(batch)
+        extra = _jvm_list(spark, node.output())[len(self.leaf_attributes) :]
+        for parent, index in self.ancestors:
+            if _name(parent) in _WATERMARK_NODES:
+                continue  # the node above takes the replayed rows directly
+            children = _children(spark, parent)
+            children[index] = node
+            node = parent.withNewChildren(_seq(jvm, children))
+            if extra:
+                node, extra = _carry(jvm, spark, node, extra)
+        jdf = jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, node)
+        return DataFrame(jdf, spark)
+
+    def watermark_input(self, batch: Any) -> tuple[Any, str, int] | None:
+        """What ``events``' watermark node reads in ``batch`` (the rows whose largest event time
+        Spark turns into the watermark, before any step above the node), the node's event-time
+        column and its delay in ms; None when ``events`` sets no watermark."""
+        from pyspark.sql import DataFrame
+
+        if not any(_name(p) == "EventTimeWatermark" for p, _ in self.ancestors):
+            return None
+        spark = batch.sparkSession
+        jvm = spark.sparkContext._jvm
+        node = self._leaf_plan(batch)
+        for parent, index in self.ancestors:
+            if _name(parent) == "EventTimeWatermark":
+                column = str(parent.eventTime().name())
+                # the delay as Spark hands it to the watermark's operator: on the column
+                delay_ms = next(
+                    int(a.metadata().getLong(_DELAY_KEY))
+                    for a in _jvm_list(spark, parent.output())
+                    if a.metadata().contains(_DELAY_KEY)
+                )
+                jdf = jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, node)
+                return DataFrame(jdf, spark), column, delay_ms
+            if _name(parent) in _WATERMARK_NODES:
+                continue
+            children = _children(spark, parent)
+            children[index] = node
+            node = parent.withNewChildren(_seq(jvm, children))
+        return None
+
+    def _leaf_plan(self, batch: Any) -> Any:
+        """The batch's plan standing in for the streaming leaf: its columns renamed to the
+        leaf's attributes, the attached ones after them."""
+        spark = batch.sparkSession
+        jvm = spark.sparkContext._jvm
+        batch_plan = self._leaf_columns(batch)._jdf.queryExecution().analyzed()
         batch_out = _jvm_list(spark, batch_plan.output())
         aliases = [
             jvm.org.apache.spark.sql.catalyst.expressions.Alias(
@@ -159,18 +241,9 @@ class EventsAsWritten:
             for batch_attr, stream_attr in zip(batch_out, self.leaf_attributes, strict=False)
         ]
         extra = batch_out[len(self.leaf_attributes) :]
-        logical = jvm.org.apache.spark.sql.catalyst.plans.logical
-        node = logical.Project(_seq(jvm, [*aliases, *extra]), batch_plan)
-        for parent, index in self.ancestors:
-            if _name(parent) in _WATERMARK_NODES:
-                continue  # the node above takes the replayed rows directly
-            children = _children(spark, parent)
-            children[index] = node
-            node = parent.withNewChildren(_seq(jvm, children))
-            if extra:
-                node, extra = _carry(jvm, spark, node, extra)
-        jdf = jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, node)
-        return DataFrame(jdf, spark)
+        return jvm.org.apache.spark.sql.catalyst.plans.logical.Project(
+            _seq(jvm, [*aliases, *extra]), batch_plan
+        )
 
     def _leaf_columns(self, batch: Any) -> Any:
         """The batch with the leaf's columns first, in its order and types, then the columns
@@ -237,8 +310,9 @@ def as_written(spark: Any, events: Any) -> Callable[[Any], Any]:
         )
     leaf = paths[0][0][0]
     description = redact(first_line(str(leaf.toString()), 120) or "its source")
+    budget = _Budget(MAX_EXPRESSIONS)
     for node, _ in paths[0][1:]:
-        reason = unreplayable_reason(spark, node)
+        reason = unreplayable_reason(spark, node, budget)
         if reason is not None:
             raise refused(reason)
     return EventsAsWritten(

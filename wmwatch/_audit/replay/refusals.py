@@ -67,6 +67,13 @@ def nondeterministic_reason(expression: str) -> str:
     )
 
 
+def too_large_reason(limit: int, where: str) -> str:
+    return (
+        f"its plan has more than {limit:,} expressions to examine ({where}), more than the "
+        f"audit checks for non-deterministic ones; {_DETERMINISTIC_HINT}"
+    )
+
+
 def refused(reason: str) -> AuditError:
     """The one-line refusal of ``events`` for ``reason``."""
     return AuditError(f"events cannot be replayed as written: {reason}.")
