@@ -220,8 +220,11 @@ class NoWmwatch(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, NoWmwatch())
+from pyspark.sql.datasource import CaseInsensitiveDict
+
 replay = pickle.loads(sys.stdin.buffer.read())
-reader = replay(json.loads(sys.argv[1])).reader(None)
+# as Spark's Python worker makes a data source: options in a CaseInsensitiveDict, lower-cased
+reader = replay(CaseInsensitiveDict(json.loads(sys.argv[1]))).reader(None)
 print(json.dumps([list(row) for p in reader.partitions() for row in reader.read(p)]))
 """
 
@@ -257,3 +260,73 @@ def test_replay_wrapper_runs_on_executors_without_wmwatch(source: type) -> None:
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     rows = sorted(tuple(r) for r in json.loads(done.stdout))
     assert rows == [(i, epoch(i)) for i in range(9)]
+
+
+class ShiftedReader(SimpleDataSourceStreamReader):
+    """Rows from ``startAt`` on, each ``shiftSeconds`` later than :func:`epoch`: options with
+    capitals in their names, which Spark hands a data source lower-cased, in a dictionary that
+    finds them in any case."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.shift = int(options.get("shiftSeconds", "0"))
+        self.first = int(options.get("startAt", "0"))
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802
+        return {"rows": self.first}
+
+    def read(self, start: dict[str, int]) -> tuple[Iterator[tuple[int, int]], dict[str, int]]:
+        end = {"rows": start["rows"] + 5}
+        return self.readBetweenOffsets(start, end), end
+
+    def readBetweenOffsets(  # noqa: N802
+        self, start: dict[str, int], end: dict[str, int]
+    ) -> Iterator[tuple[int, int]]:
+        return iter([(i, epoch(i) + self.shift) for i in range(start["rows"], end["rows"])])
+
+
+class ShiftedSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "wmwatch_test_shifted"
+
+    def schema(self) -> str:
+        return "id int, epoch long"
+
+    def simpleStreamReader(self, schema: Any) -> ShiftedReader:  # noqa: N802
+        return ShiftedReader(self.options)
+
+
+def test_the_replay_hands_the_users_reader_its_options_as_spark_does() -> None:
+    """The query wrote ``.option("SHIFTSECONDS", "100").option("startat", "3")``; its reader
+    looks them up as ``shiftSeconds`` and ``startAt``. The first batch starts where the query's
+    did, and each batch's rows are read again with the query's shift."""
+    import subprocess
+    import sys
+
+    from pyspark import cloudpickle
+
+    from wmwatch._audit.replay.sources.python import PythonSourceSpec, _replay_class, initial_offset
+
+    options = {"SHIFTSECONDS": "100", "startat": "3"}
+    spec = PythonSourceSpec(
+        ShiftedSource.name(), options, '{"type":"struct","fields":[]}', ShiftedSource
+    )
+    start = initial_offset(spec)
+    assert json.loads(start) == {"rows": 3}
+    this_module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(this_module)
+    try:
+        shipped = cloudpickle.dumps(_replay_class(spec, "wmwatch_replay_shifted"))
+    finally:
+        cloudpickle.unregister_pickle_by_value(this_module)
+    given = {**options, "wmwatch.replay.start": start, "wmwatch.replay.end": '{"rows": 8}'}
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_WMWATCH, json.dumps(given)],
+        input=shipped,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    rows = sorted(tuple(r) for r in json.loads(done.stdout))
+    assert rows == [(i, epoch(i) + 100) for i in range(3, 8)]

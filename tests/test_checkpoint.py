@@ -411,3 +411,27 @@ def test_a_checkpoint_file_over_the_read_bound_is_refused(
     (tmp_path / "offsets" / "0").write_text(OFFSETS_1 + "\n" + " " * 2048)
     with pytest.raises(AuditError, match="more than the 1,024 wmwatch reads"):
         CheckpointReader(str(tmp_path)).offsets(0)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "not json",
+        _DEEP,
+        '{"reservoirVersion": 2, "index": 1}',
+        '{"reservoirVersion": 2, "index": 1, "isStartingVersion": "false"}',
+        '{"reservoirVersion": -1, "index": 1, "isStartingVersion": false}',
+        '{"reservoirVersion": "2", "index": 1, "isStartingVersion": false}',
+        '{"reservoirVersion": 2, "index": -7, "isStartingVersion": false}',
+        f'{{"reservoirVersion": {2**63}, "index": 1, "isStartingVersion": false}}',
+        "[2, 1, false]",
+    ],
+)
+def test_a_damaged_delta_offset_line_costs_its_batch(line: str) -> None:
+    from wmwatch._audit.replay.sources.delta import parse_delta_offset
+
+    with pytest.raises(CheckpointDamaged, match="end offset"):
+        parse_delta_offset(line, "end")
+    good = '{"sourceVersion":1,"reservoirVersion":2,"index":-1,"isStartingVersion":true}'
+    offset = parse_delta_offset(good, "end")
+    assert (offset.version, offset.index, offset.initial_snapshot) == (2, -1, True)
