@@ -733,3 +733,84 @@ def test_damaged_offsets_cost_their_batches_and_the_sidecar_audits_every_other_o
     with duckdb.connect(str(db), read_only=True) as con:
         written = [b for (b,) in con.execute("SELECT batch_id FROM batches ORDER BY 1").fetchall()]
     assert written == [b for b in committed if b not in (middle, newest)]
+
+
+def test_a_sidecar_whose_session_reads_times_otherwise_is_refused(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The production query parses zone-less times (``to_timestamp``) in its session's zone,
+    UTC, which the checkpoint does not record. A sidecar session in Asia/Tokyo would read every
+    row 9 hours earlier, all of them behind the watermark: it is refused before it stores a
+    row, naming the setting. In UTC the same definition starts and finds, batch by batch,
+    exactly the rows Spark dropped."""
+    from pyspark.sql import functions as F
+
+    (tmp_path / "in").mkdir()
+    for rows in many_files(10):
+        zoneless = [{**r, "ts": r["ts"].replace("T", " ").rstrip("Z")} for r in rows]
+        write_events(tmp_path / "in", zoneless)
+
+    def events_of(session: Any) -> Any:
+        return (
+            session.readStream.schema("id int, user string, ts string")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(tmp_path / "in"))
+            .select("id", "user", F.to_timestamp("ts").alias("ts"))
+            .withWatermark("ts", "10 seconds")
+        )
+
+    checkpoint = tmp_path / "checkpoint"
+    query = (
+        sidecar_defs.dedupe(events_of(spark))
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    dropped = Counter()
+    for progress in query.recentProgress:
+        for op in progress["stateOperators"]:
+            dropped[progress["batchId"]] += op["numRowsDroppedByWatermark"]
+    assert sum(dropped.values()) >= 3, "the scenario dropped too few rows"
+
+    tokyo = spark.newSession()
+    tokyo.conf.set("spark.sql.session.timeZone", "Asia/Tokyo")
+    # the difference decides which rows are late: read in Tokyo, every row is behind the
+    # first watermark the production query set; read in UTC, few are
+    first_ms = min(
+        e.watermark_ms
+        for b in CheckpointReader(str(checkpoint)).offset_batches()
+        if (e := CheckpointReader(str(checkpoint)).offsets(b)) and e.watermark_ms > 0
+    )
+
+    def behind(session: Any) -> int:
+        times = session.read.schema("ts string").json(str(tmp_path / "in"))
+        stamps = times.select(F.unix_millis(F.to_timestamp("ts")).alias("ms"))
+        return int(stamps.where(F.col("ms") <= first_ms).count())
+
+    assert behind(tokyo) == 40 > behind(spark)
+
+    events = events_of(tokyo)
+    with (
+        wmwatch.attach(tokyo, db=str(tmp_path / "tokyo.duckdb"), metrics_port=None) as watch,
+        pytest.raises(AuditError) as refused,
+    ):
+        watch.audit_checkpoint(checkpoint, events, sidecar_defs.dedupe(events))
+    message = str(refused.value)
+    assert "reads the rows' times otherwise than the production query" in message, message
+    assert "spark.sql.session.timeZone=Asia/Tokyo" in message and "\n" not in message
+    with duckdb.connect(str(tmp_path / "tokyo.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM audit_batches").fetchone() == (0,)
+
+    events = events_of(spark)
+    with wmwatch.attach(spark, db=str(tmp_path / "utc.duckdb"), metrics_port=None) as watch:
+        side = watch.audit_checkpoint(
+            checkpoint, events, sidecar_defs.dedupe(events), poll_interval_seconds=0.2
+        )
+        assert side.sync(300), side.status()
+        side.stop()
+    with duckdb.connect(str(tmp_path / "utc.duckdb"), read_only=True) as con:
+        marks = dict(con.execute("SELECT batch_id, late_rows FROM audit_batches").fetchall())
+    assert sorted(marks) == CheckpointReader(str(checkpoint)).committed_batches()
+    assert marks == {b: dropped[b] for b in marks}

@@ -25,16 +25,17 @@ rows than the query's first stateful operator read. ``prepare=`` overrides all o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from wmwatch._audit.replay.refusals import (
+    BATCH_TIME_CALL,
+    NONDETERMINISTIC_CALL,
     batch_time_reason,
     nondeterministic_reason,
     refused,
     stateful_reason,
-    too_large_reason,
 )
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError
@@ -43,19 +44,8 @@ from wmwatch._text import first_line, redact
 _CATALYST = "org.apache.spark.sql.catalyst"
 # nodes a batch replay leaves out: they only mark the event-time column for the stream
 _WATERMARK_NODES = frozenset({"EventTimeWatermark", "UpdateEventTimeWatermarkColumn"})
-# expressions whose value is the time a batch ran, which a later replay cannot know
-_BATCH_TIME = frozenset(
-    {
-        "CurrentTimestamp",
-        "Now",
-        "CurrentDate",
-        "CurrentTime",
-        "LocalTimestamp",
-        "CurrentBatchTimestamp",
-    }
-)
-# expressions examined one by one per plan at most, so that a huge generated plan cannot stall
-# the start; past it the plan is refused, never accepted unchecked
+# expressions walked one by one at most to name a non-deterministic one (each costs py4j round
+# trips); whether there is one is asked of Catalyst for the whole tree, whatever its size
 MAX_EXPRESSIONS = 20_000
 _TREE_PATTERN = "org.apache.spark.sql.catalyst.trees.TreePattern"
 # the metadata key on the event-time column that carries a watermark's delay
@@ -94,34 +84,31 @@ def _leaf_paths(spark: Any, root: Any) -> list[list[tuple[Any, int]]]:
     return found
 
 
-class _Budget:
-    """How many more expressions one plan's check may examine one by one (each costs py4j
-    round trips); :func:`refused` with the reason when it runs out."""
+def _innermost_varying(spark: Any, expression: Any, budget: list[int]) -> Any:
+    """The innermost non-deterministic expression under a non-deterministic ``expression``
+    (itself when its children are deterministic), following the first such child down; where
+    the walk runs past ``budget[0]`` children, the one reached so far."""
+    current = expression
+    while True:
+        varying = None
+        for child in _jvm_list(spark, current.children()):
+            budget[0] -= 1
+            if budget[0] < 0:
+                return current
+            if not child.deterministic():
+                varying = child
+                break
+        if varying is None:
+            return current
+        current = varying
 
-    def __init__(self, limit: int) -> None:
-        self.left = limit
-        self.limit = limit
 
-    def take(self, where: str) -> None:
-        self.left -= 1
-        if self.left < 0:
-            raise refused(too_large_reason(self.limit, where))
-
-
-def _culprits(
-    spark: Any, expression: Any, matches: Any, budget: _Budget, where: str
-) -> Iterator[Any]:
-    """The innermost expressions under ``expression`` (itself included) that ``matches``
-    while none of their children does: only the branches that match are walked."""
-    pending = [expression]
-    while pending:
-        current = pending.pop()
-        budget.take(where)
-        children = [c for c in _jvm_list(spark, current.children()) if matches(c)]
-        if children:
-            pending.extend(reversed(children))
-        else:
-            yield current
+def _text(expression: Any) -> str:
+    """An expression's SQL (never truncated, unlike its string); its string if it has none."""
+    try:
+        return str(expression.sql())
+    except Exception:  # noqa: BLE001 - an expression without SQL text still prints
+        return str(expression.toString())
 
 
 def _describe(expression: Any) -> str:
@@ -131,31 +118,31 @@ def _describe(expression: Any) -> str:
         return str(expression.prettyName())
 
 
-def unreplayable_reason(spark: Any, node: Any, budget: _Budget | None = None) -> str | None:
+def unreplayable_reason(spark: Any, node: Any, budget: list[int] | None = None) -> str | None:
     """Why one node of ``events``' plan (JVM) cannot be replayed over a batch (and what to
     do), or None.
 
-    Each of the node's expressions is asked two facts Catalyst keeps for its whole tree,
-    whatever its size: whether it is deterministic, and whether any part of it is a
-    ``CURRENT_LIKE`` (the batch's time among them). Only a tree that answers yes is walked, to
-    name the expression; a walk past :data:`MAX_EXPRESSIONS` refuses the plan."""
+    Each of the node's expressions is asked what Catalyst knows of its whole tree, whatever its
+    size: whether it is deterministic, and whether any part of it is a ``CURRENT_LIKE`` (the
+    batch's time among them, named by the tree's SQL). A plan is never accepted unchecked; the
+    walk that names a non-deterministic expression stops after ``budget`` (a one-item list, shared
+    by the plan's nodes; :data:`MAX_EXPRESSIONS`) and then names the outermost one."""
     name = _name(node)
     reason = stateful_reason(name)
     if reason is not None:
         return reason
-    budget = budget if budget is not None else _Budget(MAX_EXPRESSIONS)
+    budget = budget if budget is not None else [MAX_EXPRESSIONS]
     current_like = getattr(spark.sparkContext._jvm, _TREE_PATTERN).CURRENT_LIKE()
     for top in _jvm_list(spark, node.expressions()):
         if top.containsPattern(current_like):
-            holding = _culprits(
-                spark, top, lambda e: bool(e.containsPattern(current_like)), budget, name
-            )
-            for expression in holding:
-                if str(expression.getClass().getSimpleName()) in _BATCH_TIME:
-                    return batch_time_reason(_describe(expression))
+            # current_user() and the like are CURRENT_LIKE too, and the same in a replay
+            match = BATCH_TIME_CALL.search(_text(top))
+            if match:
+                return batch_time_reason(match.group(0))
         if not top.deterministic():
-            varying = _culprits(spark, top, lambda e: not e.deterministic(), budget, name)
-            return nondeterministic_reason(_describe(next(varying)))
+            match = NONDETERMINISTIC_CALL.search(_text(top))
+            varying = match.group(0) if match else _describe(_innermost_varying(spark, top, budget))
+            return nondeterministic_reason(varying)
     return None
 
 
@@ -310,7 +297,7 @@ def as_written(spark: Any, events: Any) -> Callable[[Any], Any]:
         )
     leaf = paths[0][0][0]
     description = redact(first_line(str(leaf.toString()), 120) or "its source")
-    budget = _Budget(MAX_EXPRESSIONS)
+    budget = [MAX_EXPRESSIONS]
     for node, _ in paths[0][1:]:
         reason = unreplayable_reason(spark, node, budget)
         if reason is not None:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wmwatch._audit.replay.refusals import (
+    BATCH_TIME_CALL,
+    NONDETERMINISTIC_CALL,
     batch_time_reason,
     nondeterministic_reason,
     refused,
@@ -37,13 +39,6 @@ from wmwatch._errors import AuditError
 from wmwatch._plantext import parse_plan_tree
 
 _ANALYZED = "== Analyzed Logical Plan =="
-# Spark's non-deterministic functions, as its plan text prints them
-_NONDETERMINISTIC = re.compile(
-    r"\b(rand|randn|random|randstr|uniform|uuid|shuffle|monotonically_increasing_id|"
-    r"spark_partition_id|input_file_name|input_file_block_start|input_file_block_length)\([^)]*\)"
-)
-# functions whose value is the time a batch ran
-_BATCH_TIME = re.compile(r"\b(current_timestamp|now|current_date|current_time|localtimestamp)\(\)")
 # a Python UDF's call in plan text ends in its result id: name(arguments)#12
 _UDF_RESULT = re.compile(r"\)#\d")
 _UDF_NAME = re.compile(r"([^\s(),\[\]]+)\($")
@@ -159,10 +154,10 @@ def refusal(analysed_plan_text: str, udfs: Mapping[str, bool] | None = None) -> 
             reason = stateful_reason(node.name)
             if reason is not None:
                 return reason
-            match = _BATCH_TIME.search(node.line)
+            match = BATCH_TIME_CALL.search(node.line)
             if match:
                 return batch_time_reason(match.group(0))
-            match = _NONDETERMINISTIC.search(node.line)
+            match = NONDETERMINISTIC_CALL.search(node.line)
             if match:
                 return nondeterministic_reason(match.group(0))
             unread = [n for n in python_udf_calls(node.line) if n not in udfs]
