@@ -655,6 +655,24 @@ def test_sidecar_of_a_kafka_query_finds_what_spark_dropped(
     assert len(listener) >= 5
 
 
+def _deduplicated_to_the_end(events: Any, checkpoint: Path) -> Counter[int]:
+    """Deduplicate ``events`` over all its input (``availableNow``) into ``checkpoint``, as a
+    production query that then stopped; Spark's own count of the rows each batch dropped."""
+    query = (
+        sidecar_defs.dedupe(events)
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    dropped: Counter[int] = Counter()
+    for progress in query.recentProgress:
+        for op in progress["stateOperators"]:
+            dropped[progress["batchId"]] += op["numRowsDroppedByWatermark"]
+    return dropped
+
+
 def test_damaged_offsets_cost_their_batches_and_the_sidecar_audits_every_other_one(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -679,18 +697,7 @@ def test_damaged_offsets_cost_their_batches_and_the_sidecar_audits_every_other_o
         )
 
     checkpoint = tmp_path / "checkpoint"
-    query = (
-        sidecar_defs.dedupe(one_file_a_batch(spark))
-        .writeStream.format("noop")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(300)
-    dropped = Counter()
-    for progress in query.recentProgress:
-        for op in progress["stateOperators"]:
-            dropped[progress["batchId"]] += op["numRowsDroppedByWatermark"]
+    dropped = _deduplicated_to_the_end(one_file_a_batch(spark), checkpoint)
     reader = CheckpointReader(str(checkpoint))
     committed = reader.committed_batches()
     newest = reader.offset_batches()[-1]
@@ -760,18 +767,7 @@ def test_a_sidecar_whose_session_reads_times_otherwise_is_refused(
         )
 
     checkpoint = tmp_path / "checkpoint"
-    query = (
-        sidecar_defs.dedupe(events_of(spark))
-        .writeStream.format("noop")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(300)
-    dropped = Counter()
-    for progress in query.recentProgress:
-        for op in progress["stateOperators"]:
-            dropped[progress["batchId"]] += op["numRowsDroppedByWatermark"]
+    dropped = _deduplicated_to_the_end(events_of(spark), checkpoint)
     assert sum(dropped.values()) >= 3, "the scenario dropped too few rows"
 
     tokyo = spark.newSession()
