@@ -435,3 +435,38 @@ def test_a_damaged_delta_offset_line_costs_its_batch(line: str) -> None:
     good = '{"sourceVersion":1,"reservoirVersion":2,"index":-1,"isStartingVersion":true}'
     offset = parse_delta_offset(good, "end")
     assert (offset.version, offset.index, offset.initial_snapshot) == (2, -1, True)
+
+
+def test_the_watermark_a_batch_left_is_read_from_its_commit(tmp_path: Path) -> None:
+    """``commits/N`` holds the watermark batch N left for the next one; the sidecar's check
+    takes the newest batches that moved it (a damaged commit passes its batch over)."""
+    from wmwatch._audit.sidecar.settings import _moved_the_watermark
+
+    root = _damaged_checkpoint(tmp_path / "ck", {})
+    for batch_id, after_ms in enumerate((0, 1_000, 2_500, 2_500, 9_000, 9_000)):
+        _write(
+            root / "commits" / str(batch_id),
+            f'v1\n{{"nextBatchWatermarkMs":{after_ms}}}',
+        )
+    reader = CheckpointReader(str(root))
+    assert reader.watermark_after_ms(2) == 2_500
+    assert reader.watermark_after_ms(9) is None
+    # offsets/N holds the watermark batch N ran with, 1000 * N here: 2 (2000 -> 2500), 4 and 5
+    # moved it; 0 and 1 left it as it was, 3 left less (no batch lowers it: a damaged pair)
+    moved = list(_moved_the_watermark(reader))
+    assert moved == [(5, 9_000), (4, 9_000), (2, 2_500)]
+    _write(root / "commits" / "4", "v1\n{broken")
+    with pytest.raises(CheckpointDamaged, match="commits/4 is not JSON"):
+        reader.watermark_after_ms(4)
+    assert [b for b, _ in _moved_the_watermark(reader)] == [5, 2]
+
+
+def test_recorded_settings_that_differ_are_named_with_both_values() -> None:
+    from wmwatch._audit.sidecar.settings import conf_differences
+
+    recorded = {"spark.sql.shuffle.partitions": "200", "spark.sql.streaming.x": "1"}
+    session = {"spark.sql.shuffle.partitions": "4"}
+    assert conf_differences(recorded, session.get) == [
+        "spark.sql.shuffle.partitions (production 200, sidecar 4)"
+    ]
+    assert conf_differences(recorded, {"spark.sql.shuffle.partitions": "200"}.get) == []

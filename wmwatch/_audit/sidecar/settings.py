@@ -20,6 +20,7 @@ from typing import Any
 
 from wmwatch._audit.replay.engine import ReplayInput
 from wmwatch._audit.replay.events import EventsAsWritten
+from wmwatch._audit.replay.sources.base import UnreplayableSource
 from wmwatch._checkpoint.reader import CheckpointEntryGone, CheckpointReader, OffsetsEntry
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError
@@ -82,12 +83,14 @@ def check_event_times(
     """Whether a batch that moved the watermark, read again in this session, gives the
     watermark the production query recorded after it; :class:`AuditError` (the sidecar does
     not start) when it gives another, False with a warning when no batch could be checked."""
-    item = inputs[0] if len(inputs) == 1 else None
-    replay = item.prepare if item is not None else None
-    if watermark_nodes != 1 or item is None or not isinstance(replay, EventsAsWritten):
-        return _unchecked(
-            "the query has several inputs or watermarks, or events is replayed through prepare="
-        )
+    if watermark_nodes != 1 or len(inputs) != 1:
+        return _unchecked("the query has several inputs or watermarks")
+    item = inputs[0]
+    replay = item.prepare
+    if isinstance(item.source, UnreplayableSource):
+        return _unchecked("its source cannot be read again")
+    if not isinstance(replay, EventsAsWritten):
+        return _unchecked("prepare= replaces events as written")
     tries = 0
     for batch_id, after_ms in _moved_the_watermark(reader):
         if tries >= _MAX_TRIES:
