@@ -435,6 +435,9 @@ def test_a_damaged_delta_offset_line_costs_its_batch(line: str) -> None:
     good = '{"sourceVersion":1,"reservoirVersion":2,"index":-1,"isStartingVersion":true}'
     offset = parse_delta_offset(good, "end")
     assert (offset.version, offset.index, offset.initial_snapshot) == (2, -1, True)
+    # the base index as Delta writes it with sourceVersion 3 (DeltaSourceOffset.BASE_INDEX_V3)
+    v3 = '{"sourceVersion":3,"reservoirVersion":7,"index":-100,"isStartingVersion":false}'
+    assert parse_delta_offset(v3, "end").index == -100
 
 
 def test_the_watermark_a_batch_left_is_read_from_its_commit(tmp_path: Path) -> None:

@@ -58,6 +58,8 @@ from wmwatch._text import first_line
 BASE_INDEX = -1
 # indexes Delta writes (sourceVersion 3) only while it tracks schema changes in a schema log
 _METADATA_INDEXES = (-20, -19)
+# the base index as Delta writes it beside those (sourceVersion 3): before every file, as -1
+_BASE_INDEX_V3 = -100
 # options that change which files a Delta stream reads; others are passed over
 _UNSUPPORTED_OPTIONS = ("readChangeFeed", "excludeRegex", "schemaTrackingLocation")
 
@@ -118,7 +120,7 @@ def parse_delta_offset(text: str, what: str) -> DeltaOffset:
             "or does not belong to this query."
         )
     index = raw["index"]
-    if index not in _METADATA_INDEXES:
+    if index not in (*_METADATA_INDEXES, _BASE_INDEX_V3):
         index = checkpoint_long(index, f"the {what} offset's index", minimum=BASE_INDEX)
     offset = DeltaOffset(
         checkpoint_long(raw["reservoirVersion"], f"the {what} offset's reservoirVersion"),
