@@ -454,6 +454,9 @@ def test_the_watermark_a_batch_left_is_read_from_its_commit(tmp_path: Path) -> N
     reader = CheckpointReader(str(root))
     assert reader.watermark_after_ms(2) == 2_500
     assert reader.watermark_after_ms(9) is None
+    # state checkpoint format 2 writes its commits as v2, with the state ids beside
+    _write(root / "commits" / "3", 'v2\n{"nextBatchWatermarkMs":2500,"stateUniqueIds":{}}')
+    assert reader.watermark_after_ms(3) == 2_500
     # offsets/N holds the watermark batch N ran with, 1000 * N here: 2 (2000 -> 2500), 4 and 5
     # moved it; 0 and 1 left it as it was, 3 left less (no batch lowers it: a damaged pair)
     moved = list(_moved_the_watermark(reader))

@@ -450,8 +450,11 @@ class CheckpointReader:
         text = self.fs.read_text(self._join("commits", str(batch_id)))
         if text is None:
             return None
-        lines = _log_lines(text, what)
-        doc = checkpoint_json(lines[0] if lines else "", what)
+        lines = text.split("\n")
+        # every commit log version (v2 adds state ids, v3 source names) keeps the watermark
+        if not _VERSION_LINE.match(lines[0].strip()) or len(lines) < 2:
+            raise CheckpointDamaged(f"{what} is not what Spark writes; it is damaged.")
+        doc = checkpoint_json(lines[1], what)
         if not isinstance(doc, dict):
             raise CheckpointDamaged(f"{what} is not the object Spark writes; it is damaged.")
         return checkpoint_long(doc.get("nextBatchWatermarkMs", 0), f"{what} nextBatchWatermarkMs")
@@ -468,10 +471,8 @@ class CheckpointReader:
         what = f"offsets/{batch_id - 1}, where batch {batch_id} starts,"
         try:
             previous = self.offsets(batch_id - 1)
-        except CheckpointFormatUnknown as exc:
-            raise CheckpointFormatUnknown(f"{what} cannot be read: {exc}") from None
         except CheckpointDamaged as exc:
-            raise CheckpointDamaged(f"{what} cannot be read: {exc}") from None
+            raise type(exc)(f"{what} cannot be read: {exc}") from None
         if previous is None:
             raise CheckpointEntryGone(
                 f"{what} is gone from the checkpoint (purged), so the batch's watermark and "

@@ -166,18 +166,10 @@ class EventsAsWritten:
         from pyspark.sql import DataFrame
 
         spark = batch.sparkSession
-        jvm = spark.sparkContext._jvm
-        node = self._leaf_plan(batch)
-        extra = _jvm_list(spark, node.output())[len(self.leaf_attributes) :]
-        for parent, index in self.ancestors:
-            if _name(parent) in _WATERMARK_NODES:
-                continue  # the node above takes the replayed rows directly
-            children = _children(spark, parent)
-            children[index] = node
-            node = parent.withNewChildren(_seq(jvm, children))
-            if extra:
-                node, extra = _carry(jvm, spark, node, extra)
-        jdf = jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, node)
+        node, _ = self._rebuilt(batch, carry=True)
+        jdf = spark.sparkContext._jvm.org.apache.spark.sql.classic.Dataset.ofRows(
+            spark._jsparkSession, node
+        )
         return DataFrame(jdf, spark)
 
     def watermark_input(self, batch: Any) -> tuple[Any, str, int] | None:
@@ -186,28 +178,42 @@ class EventsAsWritten:
         column and its delay in ms; None when ``events`` sets no watermark."""
         from pyspark.sql import DataFrame
 
-        if not any(_name(p) == "EventTimeWatermark" for p, _ in self.ancestors):
+        spark = batch.sparkSession
+        node, mark = self._rebuilt(batch, stop_at="EventTimeWatermark")
+        if mark is None:
             return None
+        # the delay as Spark hands it to the watermark's operator: on the event-time column
+        delay_ms = next(
+            int(a.metadata().getLong(_DELAY_KEY))
+            for a in _jvm_list(spark, mark.output())
+            if a.metadata().contains(_DELAY_KEY)
+        )
+        jdf = spark.sparkContext._jvm.org.apache.spark.sql.classic.Dataset.ofRows(
+            spark._jsparkSession, node
+        )
+        return DataFrame(jdf, spark), str(mark.eventTime().name()), delay_ms
+
+    def _rebuilt(
+        self, batch: Any, *, carry: bool = False, stop_at: str | None = None
+    ) -> tuple[Any, Any | None]:
+        """``events``' plan rebuilt over ``batch``: up to its top, or up to the first ancestor
+        named ``stop_at`` (then returned beside the plan below it); ``carry`` keeps the columns
+        the audit attached to the raw rows in every projection that can take them."""
         spark = batch.sparkSession
         jvm = spark.sparkContext._jvm
         node = self._leaf_plan(batch)
+        extra = _jvm_list(spark, node.output())[len(self.leaf_attributes) :] if carry else []
         for parent, index in self.ancestors:
-            if _name(parent) == "EventTimeWatermark":
-                column = str(parent.eventTime().name())
-                # the delay as Spark hands it to the watermark's operator: on the column
-                delay_ms = next(
-                    int(a.metadata().getLong(_DELAY_KEY))
-                    for a in _jvm_list(spark, parent.output())
-                    if a.metadata().contains(_DELAY_KEY)
-                )
-                jdf = jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, node)
-                return DataFrame(jdf, spark), column, delay_ms
+            if _name(parent) == stop_at:
+                return node, parent
             if _name(parent) in _WATERMARK_NODES:
-                continue
+                continue  # the node above takes the replayed rows directly
             children = _children(spark, parent)
             children[index] = node
             node = parent.withNewChildren(_seq(jvm, children))
-        return None
+            if extra:
+                node, extra = _carry(jvm, spark, node, extra)
+        return node, None
 
     def _leaf_plan(self, batch: Any) -> Any:
         """The batch's plan standing in for the streaming leaf: its columns renamed to the
