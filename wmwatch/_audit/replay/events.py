@@ -313,3 +313,30 @@ def as_written(spark: Any, events: Any) -> Callable[[Any], Any]:
         ancestors=tuple(paths[0][1:]),
         description=description,
     )
+
+
+def as_the_watermark_reads(spark: Any, query: Any) -> tuple[EventsAsWritten, Any] | None:
+    """How the watermark node of ``query`` (a classic streaming DataFrame) reads a batch of its
+    source: the query's optimized plan from the streaming leaf under the node up to the node,
+    filters the optimizer moved below it included, as Spark runs it (``watermark_input`` of the
+    result gives those rows), and that leaf (to place it among the query's sources); None unless
+    the query has exactly one watermark node, over exactly one stream."""
+    marks: list[Any] = []
+
+    def walk(node: Any) -> None:
+        if _name(node) == "EventTimeWatermark":
+            marks.append(node)
+        for child in _children(spark, node):
+            walk(child)
+
+    walk(query._jdf.queryExecution().optimizedPlan())
+    paths = _leaf_paths(spark, marks[0]) if len(marks) == 1 else []
+    if len(paths) != 1:
+        return None
+    leaf = paths[0][0][0]
+    reads = EventsAsWritten(
+        leaf_attributes=tuple(_jvm_list(spark, leaf.output())),
+        ancestors=tuple(paths[0][1:]),
+        description=redact(first_line(str(leaf.toString()), 120) or "its source"),
+    )
+    return reads, leaf

@@ -301,7 +301,8 @@ def start_sidecar(
         spark,
         reader,
         inputs,
-        watermark_nodes=plan.watermark_nodes,
+        query=defined,
+        query_plan=query_plan,
         timeout_seconds=job_timeout_seconds,
     )
     query_name = clean_name(name)

@@ -9,8 +9,9 @@ time zone (``from_json``, ``to_timestamp``, a cast of a string to a timestamp, w
 ANSI mode, the datetime parser policy. Those are checked by their effect instead. A batch that
 moved the watermark left the largest event time its watermark node read, less the delay, in
 ``commits/N`` (``nextBatchWatermarkMs``), exactly; the sidecar reads such a batch again through
-the definition, in its own session, and refuses to start when the rows' largest event time gives
-another watermark, before it stores any row.
+the definition's own optimized plan up to that node (filters the optimizer moves below it
+included, as Spark runs them), in its own session, and refuses to start when the rows' largest
+event time gives another watermark, before it stores any row.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from wmwatch._audit.replay.engine import ReplayInput
-from wmwatch._audit.replay.events import EventsAsWritten
-from wmwatch._audit.replay.sources.base import UnreplayableSource
+from wmwatch._audit.replay.events import EventsAsWritten, as_the_watermark_reads
+from wmwatch._audit.replay.sources.base import UnreplayableSource, relation_position
 from wmwatch._checkpoint.reader import CheckpointEntryGone, CheckpointReader, OffsetsEntry
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError
@@ -77,20 +78,22 @@ def check_event_times(
     reader: CheckpointReader,
     inputs: Sequence[ReplayInput],
     *,
-    watermark_nodes: int,
+    query: Any,
+    query_plan: Any,
     timeout_seconds: float,
 ) -> bool:
-    """Whether a batch that moved the watermark, read again in this session, gives the
-    watermark the production query recorded after it; :class:`AuditError` (the sidecar does
-    not start) when it gives another, False with a warning when no batch could be checked."""
-    if watermark_nodes != 1 or len(inputs) != 1:
-        return _unchecked("the query has several inputs or watermarks")
-    item = inputs[0]
-    replay = item.prepare
-    if isinstance(item.source, UnreplayableSource):
-        return _unchecked("its source cannot be read again")
-    if not isinstance(replay, EventsAsWritten):
-        return _unchecked("prepare= replaces events as written")
+    """Whether a batch that moved the watermark, read again in this session through the
+    query's own plan up to its watermark node, gives the watermark the production query
+    recorded after it; :class:`AuditError` (the sidecar does not start) when it gives another,
+    False with a warning when no batch could be checked."""
+    found = as_the_watermark_reads(spark, query)
+    if found is None:
+        return _unchecked("the query has no single watermark over one stream")
+    reads, leaf = found
+    positions = relation_position(query_plan, leaf)
+    item = next((i for i in inputs if i.source.source_index in positions), None)
+    if item is None or isinstance(item.source, UnreplayableSource):
+        return _unchecked("its watermarked source cannot be read again")
     tries = 0
     for batch_id, after_ms in _moved_the_watermark(reader):
         if tries >= _MAX_TRIES:
@@ -105,14 +108,11 @@ def check_event_times(
                 description=f"wmwatch sidecar: event times of batch {batch_id}",
                 timeout_seconds=timeout_seconds,
             ):
-                found = largest_event_time_ms(replay, item.source.read(spark, what))
+                largest_ms, delay_ms = largest_event_time_ms(reads, item.source.read(spark, what))
         except (CheckpointEntryGone, AuditError):
             continue  # its input is gone, or cannot be read now: an older batch may do
         except Exception as exc:  # noqa: BLE001 - the check is extra: a failure leaves it undone
             return _unchecked(f"reading batch {batch_id} again failed ({error_line(exc, 200)})")
-        if found is None:
-            return _unchecked("events sets no watermark of its own")
-        largest_ms, delay_ms = found
         if largest_ms is None:
             continue
         if largest_ms - delay_ms != after_ms:
@@ -127,15 +127,15 @@ def check_event_times(
     return _unchecked("no batch the checkpoint still holds moved the watermark yet")
 
 
-def largest_event_time_ms(replay: EventsAsWritten, raw: Any) -> tuple[int | None, int] | None:
+def largest_event_time_ms(reads: EventsAsWritten, raw: Any) -> tuple[int | None, int]:
     """The largest event time (ms, as Spark's watermark takes it: microseconds divided by 1000)
-    among the rows ``events``' watermark node reads in a batch's raw rows, and the node's delay
-    (ms); None when ``events`` sets no watermark."""
+    among the rows the query's watermark node reads in a batch's raw rows, and the node's delay
+    (ms)."""
     from pyspark.sql import functions as F
 
-    found = replay.watermark_input(raw)
-    if found is None:
-        return None
+    found = reads.watermark_input(raw)
+    if found is None:  # as_the_watermark_reads ends at the node: it is there
+        raise AuditError("the query's plan lost its watermark node")
     frame, column, delay_ms = found
     (largest,) = frame.select(F.expr(f"max(unix_micros(`{column}`)) div 1000")).first() or (None,)
     return (None if largest is None else int(largest)), delay_ms
