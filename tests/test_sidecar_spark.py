@@ -745,7 +745,7 @@ def test_damaged_offsets_cost_their_batches_and_the_sidecar_audits_every_other_o
 
 
 def test_a_sidecar_whose_session_reads_times_otherwise_is_refused(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The production query parses zone-less times (``to_timestamp``) in its session's zone,
     UTC, which the checkpoint does not record. A sidecar session in Asia/Tokyo would read every
@@ -811,12 +811,17 @@ def test_a_sidecar_whose_session_reads_times_otherwise_is_refused(
         assert con.execute("SELECT count(*) FROM audit_batches").fetchone() == (0,)
 
     events = events_of(spark)
-    with wmwatch.attach(spark, db=str(tmp_path / "utc.duckdb"), metrics_port=None) as watch:
+    with (
+        wmwatch.attach(spark, db=str(tmp_path / "utc.duckdb"), metrics_port=None) as watch,
+        caplog.at_level("INFO", logger="wmwatch.audit"),
+    ):
         side = watch.audit_checkpoint(
             checkpoint, events, query_of(events), poll_interval_seconds=0.2
         )
         assert side.sync(300), side.status()
         side.stop()
+    checked = [r.getMessage() for r in caplog.records if "read as it read them" in r.getMessage()]
+    assert len(checked) == 1, [r.getMessage() for r in caplog.records]
     with duckdb.connect(str(tmp_path / "utc.duckdb"), read_only=True) as con:
         marks = dict(con.execute("SELECT batch_id, late_rows FROM audit_batches").fetchall())
     assert sorted(marks) == CheckpointReader(str(checkpoint)).committed_batches()

@@ -329,7 +329,10 @@ def as_the_watermark_reads(spark: Any, query: Any) -> tuple[EventsAsWritten, Any
         for child in _children(spark, node):
             walk(child)
 
-    walk(query._jdf.queryExecution().optimizedPlan())
+    # the session's optimizer over the analysed plan, as a micro-batch runs it
+    # (IncrementalExecution); a streaming Dataset's own optimizedPlan refuses to be planned
+    analysed = query._jdf.queryExecution().analyzed()
+    walk(query.sparkSession._jsparkSession.sessionState().optimizer().execute(analysed))
     paths = _leaf_paths(spark, marks[0]) if len(marks) == 1 else []
     if len(paths) != 1:
         return None
