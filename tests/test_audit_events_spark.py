@@ -205,3 +205,53 @@ def test_what_cannot_be_replayed_is_named(spark: Any, stream_dir: Path) -> None:
     (row,) = replayed.collect()
     assert (row["id"], row["user"], row["score"]) == (1, "A", 10)
     assert row["ts"].isoformat().startswith("2026-01-01T00:00:03")
+
+
+def test_a_plan_past_the_expression_bound_is_checked_whole(spark: Any, stream_dir: Path) -> None:
+    """One column of over 20,000 expressions (the number the audit walks one by one at most),
+    a non-deterministic or batch-time call as its last argument: refused, never accepted
+    unchecked; without that call the same plan is accepted."""
+    from pyspark.sql import functions as F
+
+    raw = spark.readStream.format("text").load(str(stream_dir / "in"))
+    # 5,100 arguments of 4 expressions each (an addition, its two sides, the length's column),
+    # parsed by Spark from one string (a Column per argument takes a py4j call each)
+    wide = ", ".join(f"length(value) + {i}" for i in range(5_100))
+    refused = {
+        "rand(": f"greatest({wide}, rand() * 0)",
+        "current_timestamp()": f"greatest({wide}, unix_timestamp(current_timestamp()) * 0)",
+    }
+    for reason, sql in refused.items():
+        with pytest.raises(AuditError, match=re.escape(reason)):
+            as_written(spark, raw.select("value", F.expr(sql).alias("widest")))
+    accepted = raw.select("value", F.expr(f"greatest({wide})").alias("widest"))
+    replay = as_written(spark, accepted)
+    batch = spark.createDataFrame([("abc",)], "value string")
+    assert replay(batch).columns == ["value", "widest"]
+
+
+def test_a_python_udf_marked_non_deterministic_is_refused(spark: Any, stream_dir: Path) -> None:
+    """Classic PySpark and Spark Connect alike: a Python UDF marked non-deterministic is
+    refused with the reason (and prepare= then audits the query); the same UDF deterministic is
+    accepted. On Connect a UDF called by a registered name, whose determinism the client cannot
+    read, is refused too."""
+    from pyspark.sql import functions as F
+
+    from wmwatch._core.sessions import is_connect
+
+    raw = spark.readStream.format("text").load(str(stream_dir / "in"))
+    jitter = F.udf(lambda v: v, "string").asNondeterministic()
+    with pytest.raises(AuditError, match=r"not deterministic.*pass prepare="):
+        as_written(spark, raw.withColumn("v", jitter("value")))
+    with pytest.raises(AuditError, match=r"not deterministic"):
+        as_written(spark, raw.where(jitter("value").isNotNull()))
+    same = F.udf(lambda v: v, "string")
+    replay = as_written(spark, raw.withColumn("v", same("value")))
+    assert replay is not None
+    spark.udf.register("wmwatch_same_by_name", same)
+    by_name = raw.withColumn("v", F.expr("wmwatch_same_by_name(value)"))
+    if is_connect(spark):
+        with pytest.raises(AuditError, match="wmwatch_same_by_name by a registered name"):
+            as_written(spark, by_name)
+    else:
+        as_written(spark, by_name)  # the driver's plan says it is deterministic

@@ -14,7 +14,7 @@ from wmwatch._audit.replay.sources.kafka import (
     kafka_positions,
     parse_kafka_offsets,
 )
-from wmwatch._errors import AuditError
+from wmwatch._checkpoint.reader import CheckpointDamaged
 
 
 def test_batch_ranges_per_partition_with_added_partitions_from_zero() -> None:
@@ -35,10 +35,29 @@ def test_gone_below_names_partitions_whose_records_were_deleted() -> None:
     assert gone == ["a-0 from 5 (earliest now 6)"]
 
 
-@pytest.mark.parametrize("text", ["not json", '{"a":[1]}', '{"a":{"x":1}}'])
-def test_a_damaged_offset_line_is_one_clear_error(text: str) -> None:
-    with pytest.raises(AuditError, match="offset"):
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        '{"a":[1]}',
+        '{"a":{"x":1}}',
+        '{"a":{"-1":1}}',
+        '{"a":{"0":-7}}',
+        '{"a":{"0":"7"}}',
+        '{"a":{"0":true}}',
+        '{"a":{"0":1.5}}',
+        f'{{"a":{{"0":{2**63}}}}}',
+        f'{{"a":{{"{2**31}":1}}}}',
+        "[1]",
+        "[" * 100_000 + "]" * 100_000,
+    ],
+)
+def test_a_damaged_offset_line_costs_its_batch(text: str) -> None:
+    """Damage the audit counts as a lost batch (CheckpointDamaged), never an error it
+    retries; the line itself is never echoed."""
+    with pytest.raises(CheckpointDamaged, match="end offset") as raised:
         parse_kafka_offsets(text, "end")
+    assert "not json" not in str(raised.value)
 
 
 def test_options_are_never_shown() -> None:

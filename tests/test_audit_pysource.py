@@ -220,8 +220,11 @@ class NoWmwatch(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, NoWmwatch())
+from pyspark.sql.datasource import CaseInsensitiveDict
+
 replay = pickle.loads(sys.stdin.buffer.read())
-reader = replay(json.loads(sys.argv[1])).reader(None)
+# as Spark's Python worker makes a data source: options in a CaseInsensitiveDict, lower-cased
+reader = replay(CaseInsensitiveDict(json.loads(sys.argv[1]))).reader(None)
 print(json.dumps([list(row) for p in reader.partitions() for row in reader.read(p)]))
 """
 
@@ -229,14 +232,27 @@ print(json.dumps([list(row) for p in reader.partitions() for row in reader.read(
 @pytest.mark.parametrize("source", [CountingSource, SimpleCountingSource])
 def test_replay_wrapper_runs_on_executors_without_wmwatch(source: type) -> None:
     """What Spark ships to Python workers unpickles and reads without wmwatch installed there."""
+    from wmwatch._audit.replay.sources.python import PythonSourceSpec, initial_offset
+
+    spec = PythonSourceSpec(source.name(), {"step": "7"}, '{"type":"struct","fields":[]}', source)
+    start = initial_offset(spec)
+    assert json.loads(start) == {"rows": 0}
+    rows = _read_on_an_executor(spec, {"step": "7"}, start, '{"rows": 9}')
+    assert rows == [(i, epoch(i)) for i in range(9)]
+
+
+def _read_on_an_executor(
+    spec: Any, options: dict[str, str], start: str, end: str
+) -> list[tuple[int, ...]]:
+    """The rows the replay's data source reads between two offsets in a Python process without
+    wmwatch, given ``options`` as the query gave them (Spark's worker lower-cases them)."""
     import subprocess
     import sys
 
     from pyspark import cloudpickle
 
-    from wmwatch._audit.replay.sources.python import PythonSourceSpec, _replay_class, initial_offset
+    from wmwatch._audit.replay.sources.python import _replay_class
 
-    spec = PythonSourceSpec(source.name(), {"step": "7"}, '{"type":"struct","fields":[]}', source)
     this_module = sys.modules[__name__]
     # the user's classes travel by value too, as they do from a notebook
     cloudpickle.register_pickle_by_value(this_module)
@@ -244,16 +260,57 @@ def test_replay_wrapper_runs_on_executors_without_wmwatch(source: type) -> None:
         shipped = cloudpickle.dumps(_replay_class(spec, "wmwatch_replay_test"))
     finally:
         cloudpickle.unregister_pickle_by_value(this_module)
-    start = initial_offset(spec)
-    assert json.loads(start) == {"rows": 0}
-    options = {"step": "7", "wmwatch.replay.start": start, "wmwatch.replay.end": '{"rows": 9}'}
+    given = {**options, "wmwatch.replay.start": start, "wmwatch.replay.end": end}
     done = subprocess.run(
-        [sys.executable, "-c", _NO_WMWATCH, json.dumps(options)],
+        [sys.executable, "-c", _NO_WMWATCH, json.dumps(given)],
         input=shipped,
         capture_output=True,
         timeout=60,
         check=False,
     )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
-    rows = sorted(tuple(r) for r in json.loads(done.stdout))
-    assert rows == [(i, epoch(i)) for i in range(9)]
+    return sorted(tuple(r) for r in json.loads(done.stdout))
+
+
+class ShiftedReader(SimpleCountingReader):
+    """Rows from ``startAt`` on, each ``shiftSeconds`` later than :func:`epoch`: options with
+    capitals in their names, which Spark hands a data source lower-cased, in a dictionary that
+    finds them in any case."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.shift = int(options.get("shiftSeconds", "0"))
+        self.first = int(options.get("startAt", "0"))
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802
+        return {"rows": self.first}
+
+    def readBetweenOffsets(  # noqa: N802
+        self, start: dict[str, int], end: dict[str, int]
+    ) -> Iterator[tuple[int, int]]:
+        return iter([(i, epoch(i) + self.shift) for i in range(start["rows"], end["rows"])])
+
+
+class ShiftedSource(SimpleCountingSource):
+    @classmethod
+    def name(cls) -> str:
+        return "wmwatch_test_shifted"
+
+    def simpleStreamReader(self, schema: Any) -> ShiftedReader:  # noqa: N802
+        return ShiftedReader(self.options)
+
+
+def test_the_replay_hands_the_users_reader_its_options_as_spark_does() -> None:
+    """The query wrote ``.option("SHIFTSECONDS", "100").option("startat", "3")``; its reader
+    looks them up as ``shiftSeconds`` and ``startAt``. The first batch starts where the query's
+    did, and each batch's rows are read again with the query's shift."""
+    from wmwatch._audit.replay.sources.python import PythonSourceSpec, initial_offset
+
+    options = {"SHIFTSECONDS": "100", "startat": "3"}
+    spec = PythonSourceSpec(
+        ShiftedSource.name(), options, '{"type":"struct","fields":[]}', ShiftedSource
+    )
+    start = initial_offset(spec)
+    assert json.loads(start) == {"rows": 3}
+    rows = _read_on_an_executor(spec, options, start, '{"rows": 8}')
+    assert rows == [(i, epoch(i) + 100) for i in range(3, 8)]

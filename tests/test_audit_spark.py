@@ -600,6 +600,43 @@ def test_a_source_that_cannot_be_read_again_is_counted_without_payload(
     assert "without payload" in text.stdout and "not read again" in text.stdout
 
 
+def test_a_file_source_that_archives_its_files_is_not_replayed_in_any_spelling(
+    spark: Any, stream_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Spark's options are case-insensitive: ``.option("cleansource", "archive")`` moves each
+    file away once its batch commits, as ``cleanSource`` does. The audit reads the option as
+    Spark does: it says in one line that the source's files cannot be read again and counts
+    what Spark dropped from progress, with no replay of the moved files and no error."""
+    archive = stream_dir / "archive"
+
+    def archived(reader: Any, folder: str) -> Any:
+        return (
+            reader.schema(SCHEMA)
+            .option("cleansource", "archive")
+            .option("sourcearchivedir", str(archive))
+            .json(folder)
+            .withWatermark("ts", DELAY)
+        )
+
+    def count(events: Any) -> Any:
+        from pyspark.sql import functions as F
+
+        return events.groupBy(F.window("ts", "10 seconds")).count()
+
+    with caplog.at_level("WARNING", logger="wmwatch.audit"):
+        result = run_audited(
+            spark, stream_dir, count, batching="each", name="archived", read=archived
+        )
+    status = result["status"]
+    (only,) = status["inputs"]
+    assert "moves or deletes its files (cleanSource=archive)" in only["payload_missing"]
+    (line,) = [r.getMessage() for r in caplog.records if "cannot be read again" in r.getMessage()]
+    assert "cleanSource=archive" in line and "\n" not in line
+    assert status["errors"] == 0 and status["late_rows"] == 0
+    assert status["rows_without_payload"] == dropped_by_watermark(result["progress"]) > 0
+    assert list(archive.rglob("*.json")), "Spark archived no file: the scenario lost its point"
+
+
 def test_query_without_late_drops_is_refused(spark: Any, stream_dir: Path) -> None:
     events = spark.readStream.schema(SCHEMA).json(str(stream_dir / "in")).withWatermark("ts", DELAY)
     query = (

@@ -301,38 +301,69 @@ def test_missing_metadata_and_empty_offsets(tmp_path: Path) -> None:
     one_line_error(run(str(empty), "--db", str(tmp_path / "h.duckdb")), "holds no batch")
 
 
-def test_an_unknown_log_version(tmp_path: Path) -> None:
+def test_an_offset_log_in_an_unknown_version_everywhere(tmp_path: Path) -> None:
+    """Every offsets file in a log version this wmwatch does not read (a query run with source
+    evolution writes v2): one line, nothing written."""
     checkpoint = make_checkpoint(tmp_path / "ck")
-    text = (checkpoint / "offsets" / "2").read_text()
-    (checkpoint / "offsets" / "2").write_text(text.replace("v1", "v9", 1))
+    for path in (checkpoint / "offsets").glob("[0-9]*"):
+        path.write_text(path.read_text().replace("v1", "v2", 1))
     one_line_error(
         run(str(checkpoint), "--db", str(tmp_path / "h.duckdb")),
-        "offsets/2",
+        "offsets/3 is in log format 'v2'",
         "upgrade wmwatch",
     )
     assert not (tmp_path / "h.duckdb").exists()
 
 
-def test_an_empty_offsets_file(tmp_path: Path) -> None:
+def test_every_offsets_file_damaged(tmp_path: Path) -> None:
     checkpoint = make_checkpoint(tmp_path / "ck")
-    (checkpoint / "offsets" / "3").write_text("")
+    for path in (checkpoint / "offsets").glob("[0-9]*"):
+        path.write_bytes(b"")
     one_line_error(
         run(str(checkpoint), "--db", str(tmp_path / "h.duckdb")),
-        "offsets/3",
-        "is empty",
-        "restore that file from a copy of the checkpoint",
+        "no offsets file of",
+        "4 damaged",
+        "restore them from a copy of the checkpoint",
     )
+    assert not (tmp_path / "h.duckdb").exists()
 
 
-def test_a_corrupt_offsets_file(tmp_path: Path) -> None:
-    checkpoint = make_checkpoint(tmp_path / "ck")
-    (checkpoint / "offsets" / "1").write_text('v1\n{"batchWatermarkMs": 12')
-    one_line_error(
-        run(str(checkpoint), "--db", str(tmp_path / "h.duckdb")),
-        "offsets/1",
-        "damaged",
-        "restore that file from a copy of the checkpoint",
-    )
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (b"", "offsets/1 is empty"),
+        (b"\x00\x9f\x13\xff binary", "offsets/1 does not start with a log version line"),
+        (b'v2\n{"batchWatermarkMs":0}\nclicks:{"logOffset":0}', "offsets/1 is in log format 'v2'"),
+        (b'v1\n{"batchWatermarkMs": 12', "offsets/1 metadata is not JSON"),
+        (f"v1\n{_DEEP}".encode(), "offsets/1 metadata is nested too deep"),
+        (b'v1\n{"batchWatermarkMs": "soon"}', "offsets/1 batchWatermarkMs is str"),
+    ],
+)
+def test_a_damaged_offsets_file_costs_its_batch_only(
+    tmp_path: Path, damage: bytes, says: str
+) -> None:
+    """offsets/1 damaged, as in each way it can be: its batch is left out with one warning
+    line, batch 2 has no start offset (it started where 1 ended), every other batch is
+    written as from an undamaged checkpoint."""
+    checkpoint = make_checkpoint(tmp_path / "ck", batches=5)
+    (checkpoint / "offsets" / "1").write_bytes(damage)
+    db = tmp_path / "h.duckdb"
+    result = run(str(checkpoint), "--db", str(db))
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if "warning:" in line]
+    assert len(warnings) == 1 and says in warnings[0], result.output
+    assert "that batch is left out" in warnings[0] and "binary" not in warnings[0]
+    assert rows(db, "SELECT batch_id FROM batches ORDER BY 1") == [(0,), (2,), (3,), (4,)]
+    assert rows(db, "SELECT batch_id, start_offset, end_offset FROM sources ORDER BY 1") == [
+        (0, None, '{"logOffset": 0}'),
+        (2, None, '{"logOffset": 1}'),
+        (3, '{"logOffset": 1}', '{"logOffset": 1}'),
+        (4, '{"logOffset": 1}', '{"logOffset": 2}'),
+    ]
+    assert rows(db, "SELECT latest_offsets_batch FROM checkpoint_reads") == [(4,)]
 
 
 def test_an_unreadable_operator_is_left_out_with_a_warning(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ pytestmark = pytest.mark.spark
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
+# 2026-01-01T00:00:00Z, where the tests' event times start
+_T0_MS = 1_767_225_600_000
 _LATE = (
     "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), "
     "epoch_ms(window_start_at), epoch_ms(window_end_at), operator_kind, operator_index, "
@@ -653,3 +656,173 @@ def test_sidecar_of_a_kafka_query_finds_what_spark_dropped(
     assert [row[0] for row in side_batches] == committed
     assert [row for row in side_batches if row[0] in {r[0] for r in listener}] == listener
     assert len(listener) >= 5
+
+
+def _run_to_the_end(result: Any, checkpoint: Path) -> Counter[int]:
+    """Run ``result`` over all its input (``availableNow``) into ``checkpoint``, as a
+    production query that then stopped; Spark's own count of the rows each batch dropped."""
+    query = (
+        result.writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    dropped: Counter[int] = Counter()
+    for progress in query.recentProgress:
+        for op in progress["stateOperators"]:
+            dropped[progress["batchId"]] += op["numRowsDroppedByWatermark"]
+    return dropped
+
+
+def test_damaged_offsets_cost_their_batches_and_the_sidecar_audits_every_other_one(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The damage seen on a copy of a stopped query's checkpoint (``offsets/28`` emptied, the
+    newest offsets file overwritten by bytes that are not JSON, which kept the sidecar from
+    starting), on a shorter run: a middle offsets file emptied and the newest one overwritten.
+    The sidecar starts, counts the emptied batch, the one after it (which starts where the
+    emptied one ended, so neither its watermark nor its files are known) and the newest batch
+    lost with the reason, retries nothing, and finds in every other batch exactly the rows
+    Spark dropped; ``checkpoint-history`` writes every other batch, one warning line per
+    damaged file."""
+    (tmp_path / "in").mkdir()
+    for rows in many_files(16):
+        write_events(tmp_path / "in", rows)
+
+    def one_file_a_batch(session: Any) -> Any:
+        return (
+            session.readStream.schema(sidecar_defs.SCHEMA)
+            .option("maxFilesPerTrigger", 1)
+            .json(str(tmp_path / "in"))
+            .withWatermark("ts", "10 seconds")
+        )
+
+    checkpoint = tmp_path / "checkpoint"
+    dropped = _run_to_the_end(sidecar_defs.dedupe(one_file_a_batch(spark)), checkpoint)
+    reader = CheckpointReader(str(checkpoint))
+    committed = reader.committed_batches()
+    newest = reader.offset_batches()[-1]
+    assert committed == list(range(newest + 1)) and newest >= 15
+    middle = newest // 2
+    (checkpoint / "offsets" / str(middle)).write_bytes(b"")
+    (checkpoint / "offsets" / str(newest)).write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00 not json")
+    lost = {middle, middle + 1, newest}
+    assert sum(dropped[b] for b in committed if b not in lost) >= 5, "too few late rows"
+
+    events = one_file_a_batch(spark)
+    with wmwatch.attach(spark, db=str(tmp_path / "side.duckdb"), metrics_port=None) as watch:
+        side = watch.audit_checkpoint(
+            checkpoint, events, sidecar_defs.dedupe(events), poll_interval_seconds=0.2
+        )
+        assert side.sync(300), side.status()
+        status = side.status()
+        side.stop()
+    assert status["errors"] == 0, status["last_error"]  # nothing retried
+    assert status["batches_lost"] == len(lost) and status["last_lost_batch"] == newest
+    assert (
+        f"offsets/{newest} does not start with a log version line" in (status["last_lost_reason"])
+    )
+    assert status["batches_audited"] == len(committed) - len(lost)
+    with duckdb.connect(str(tmp_path / "side.duckdb"), read_only=True) as con:
+        marks = dict(con.execute("SELECT batch_id, late_rows FROM audit_batches").fetchall())
+        late = Counter(b for (b,) in con.execute("SELECT batch_id FROM late_rows").fetchall())
+    assert sorted(marks) == [b for b in committed if b not in lost]
+    assert {b: late.get(b, 0) for b in marks} == {b: dropped[b] for b in marks} == marks
+
+    db = tmp_path / "history.duckdb"
+    result = runner.invoke(
+        app, ["checkpoint-history", str(checkpoint), "--db", str(db), "--no-state"]
+    )
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if "warning:" in line]
+    assert len(warnings) == 2, result.output
+    assert f"offsets/{middle} is empty" in warnings[0]
+    assert f"offsets/{newest} does not start" in warnings[1]
+    with duckdb.connect(str(db), read_only=True) as con:
+        written = [b for (b,) in con.execute("SELECT batch_id FROM batches ORDER BY 1").fetchall()]
+    assert written == [b for b in committed if b not in (middle, newest)]
+
+
+def test_a_sidecar_whose_session_reads_times_otherwise_is_refused(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The production query parses zone-less times (``to_timestamp``) in its session's zone,
+    UTC, which the checkpoint does not record. A sidecar session in Asia/Tokyo would read every
+    row 9 hours earlier, all of them behind the watermark: it is refused before it stores a
+    row, naming the setting. In UTC the same definition starts and finds, batch by batch,
+    exactly the rows Spark dropped. The query drops each file's newest row (a bot's) before its
+    watermark: Spark's optimizer moves that filter below the watermark, and the check reads
+    the rows as Spark ran them, so it does not refuse the right session."""
+    from pyspark.sql import functions as F
+
+    (tmp_path / "in").mkdir()
+    for index, rows in enumerate(many_files(10)):
+        zoneless = [{**r, "ts": r["ts"].replace("T", " ").rstrip("Z")} for r in rows]
+        late_on = datetime(2026, 1, 1) + timedelta(seconds=620 + 4 * index)
+        bot = {"id": 1000 + index, "user": "bot", "ts": f"{late_on:%Y-%m-%d %H:%M:%S}"}
+        write_events(tmp_path / "in", [*zoneless, bot])
+
+    def events_of(session: Any) -> Any:
+        return (
+            session.readStream.schema("id int, user string, ts string")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(tmp_path / "in"))
+            .select("id", "user", F.to_timestamp("ts").alias("ts"))
+            .withWatermark("ts", "10 seconds")
+        )
+
+    def query_of(events: Any) -> Any:
+        return sidecar_defs.dedupe(events.where(F.col("user") != "bot"))
+
+    checkpoint = tmp_path / "checkpoint"
+    dropped = _run_to_the_end(query_of(events_of(spark)), checkpoint)
+    assert sum(dropped.values()) >= 3, "the scenario dropped too few rows"
+    latest = CheckpointReader(str(checkpoint)).latest_offsets()
+    assert latest is not None and latest.watermark_ms < _T0_MS + 600_000, "bots moved it"
+
+    tokyo = spark.newSession()
+    tokyo.conf.set("spark.sql.session.timeZone", "Asia/Tokyo")
+    # the difference decides which rows are late: read in Tokyo, every row is behind the
+    # first watermark the production query set; read in UTC, few are
+    first_ms = min(
+        e.watermark_ms
+        for b in CheckpointReader(str(checkpoint)).offset_batches()
+        if (e := CheckpointReader(str(checkpoint)).offsets(b)) and e.watermark_ms > 0
+    )
+
+    def behind(session: Any) -> int:
+        times = session.read.schema("ts string").json(str(tmp_path / "in"))
+        stamps = times.select(F.unix_millis(F.to_timestamp("ts")).alias("ms"))
+        return int(stamps.where(F.col("ms") <= first_ms).count())
+
+    assert behind(tokyo) == 50 > behind(spark)
+
+    events = events_of(tokyo)
+    with (
+        wmwatch.attach(tokyo, db=str(tmp_path / "tokyo.duckdb"), metrics_port=None) as watch,
+        pytest.raises(AuditError) as refused,
+    ):
+        watch.audit_checkpoint(checkpoint, events, query_of(events))
+    message = str(refused.value)
+    assert "reads the rows' times otherwise than the production query" in message, message
+    assert "spark.sql.session.timeZone=Asia/Tokyo" in message and "\n" not in message
+    with duckdb.connect(str(tmp_path / "tokyo.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM audit_batches").fetchone() == (0,)
+
+    events = events_of(spark)
+    with (
+        wmwatch.attach(spark, db=str(tmp_path / "utc.duckdb"), metrics_port=None) as watch,
+        caplog.at_level("INFO", logger="wmwatch.audit"),
+    ):
+        side = watch.audit_checkpoint(
+            checkpoint, events, query_of(events), poll_interval_seconds=0.2
+        )
+        assert side.sync(300), side.status()
+        side.stop()
+    checked = [r.getMessage() for r in caplog.records if "read as it read them" in r.getMessage()]
+    assert len(checked) == 1, [r.getMessage() for r in caplog.records]
+    with duckdb.connect(str(tmp_path / "utc.duckdb"), read_only=True) as con:
+        marks = dict(con.execute("SELECT batch_id, late_rows FROM audit_batches").fetchall())
+    assert sorted(marks) == CheckpointReader(str(checkpoint)).committed_batches()
+    assert marks == {b: dropped[b] for b in marks}

@@ -20,7 +20,6 @@ Parsing here is pure (text in, values out); the files come through the audit's
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,12 +27,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from wmwatch._checkpoint.reader import (
+    CheckpointDamaged,
+    CheckpointFormatUnknown,
     CheckpointReader,
     FileSystem,
     OffsetsEntry,
+    checkpoint_json,
     min_batches_to_retain,
 )
-from wmwatch._errors import AuditError, ConfigError
+from wmwatch._errors import ConfigError
 from wmwatch._store.rows import BatchRow, OperatorRow, ProgressRows, SourceRow, write_progress_rows
 from wmwatch._text import clean
 from wmwatch._time import EPOCH, from_epoch_ms
@@ -134,8 +136,8 @@ def parse_query_id(text: str | None, root: str) -> str:
             "the folder given as checkpointLocation"
         )
     try:
-        doc = json.loads(text.strip().splitlines()[0] if text.strip() else "")
-    except ValueError:
+        doc = checkpoint_json(text.strip().splitlines()[0] if text.strip() else "", "metadata")
+    except CheckpointDamaged:
         doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) or not doc["id"]:
         raise CheckpointHistoryError(
@@ -156,7 +158,7 @@ def parse_operator_metadata(text: str, what: str) -> StateOperator:
             "left out; upgrade wmwatch to read it"
         )
     try:
-        doc = json.loads(lines[1])
+        doc = checkpoint_json(lines[1], what)
         info = doc["operatorInfo"]
         stores = doc["stateStoreInfo"]
         return StateOperator(
@@ -165,7 +167,7 @@ def parse_operator_metadata(text: str, what: str) -> StateOperator:
             store_names=tuple(str(store["storeName"]) for store in stores),
             partitions=max((int(store["numPartitions"]) for store in stores), default=0),
         )
-    except (ValueError, KeyError, TypeError) as exc:
+    except (CheckpointDamaged, ValueError, KeyError, TypeError, OverflowError) as exc:
         raise CheckpointHistoryError(
             f"{what} is damaged ({type(exc).__name__}): its operator is left out; restore the "
             "file from a copy of the checkpoint to read it"
@@ -189,8 +191,8 @@ def state_format_version(commit_text: str | None) -> int:
         return 1
     lines = commit_text.split("\n")
     try:
-        doc = json.loads(lines[1]) if len(lines) > 1 else {}
-    except ValueError:
+        doc = checkpoint_json(lines[1], "a commit") if len(lines) > 1 else {}
+    except CheckpointDamaged:
         return 1
     return 2 if isinstance(doc, dict) and doc.get("stateUniqueIds") else 1
 
@@ -276,15 +278,10 @@ def read_checkpoint(reader: CheckpointReader) -> CheckpointHistory:
             "history to read"
         )
     commit_ids = set(reader.committed_batches())
-    entries: dict[int, OffsetsEntry] = {}
-    for batch_id in offset_ids:
-        try:
-            entry = reader.offsets(batch_id)
-        except AuditError as exc:
-            raise CheckpointHistoryError(_damaged(root, exc)) from None
-        if entry is not None:  # purged by a running query since it was listed
-            entries[batch_id] = entry
+    entries, damaged = _read_offsets(reader, offset_ids)
     if not entries:
+        if damaged:
+            raise CheckpointHistoryError(_damaged(root, damaged[-1], len(damaged)))
         raise CheckpointHistoryError(
             f"{root}/offsets emptied while being read: the query purged it; run again"
         )
@@ -309,7 +306,7 @@ def read_checkpoint(reader: CheckpointReader) -> CheckpointHistory:
         retention=retention_of(
             list(entries), sorted(commit_ids), oldest_state, batches[-1].offsets.conf
         ),
-        warnings=warnings,
+        warnings=(*(_left_out(exc) for exc in damaged), *warnings),
         state_format_version=state_format_version(
             fs.read_text(f"{root}/commits/{max(commit_ids)}") if commit_ids else None
         ),
@@ -341,15 +338,9 @@ def read_batches(
         entries[previous.batch_id] = previous
     wanted = sorted(set(batch_ids))
     # each batch's start offsets are the end offsets of the batch before it
-    for batch_id in sorted({b - 1 for b in wanted if b > 0} | set(wanted)):
-        if batch_id in entries:
-            continue
-        try:
-            entry = reader.offsets(batch_id)
-        except AuditError as exc:
-            raise CheckpointHistoryError(_damaged(root, exc)) from None
-        if entry is not None:
-            entries[batch_id] = entry
+    needed = sorted(({b - 1 for b in wanted if b > 0} | set(wanted)) - set(entries))
+    found, damaged = _read_offsets(reader, needed)
+    entries.update(found)
     batches = tuple(
         CheckpointBatch(
             offsets=entries[batch_id],
@@ -374,6 +365,7 @@ def read_batches(
         batches=batches,
         operators=operators,
         retention=retention,
+        warnings=tuple(_left_out(exc) for exc in damaged),
         has_watermark=has_watermark,
     )
 
@@ -424,21 +416,40 @@ def _numeric_first(name: str) -> tuple[int, str]:
     return (int(name), name) if name.isdigit() else (1 << 62, name)
 
 
-def _damaged(root: str, exc: AuditError) -> str:
+def _read_offsets(
+    reader: CheckpointReader, batch_ids: Iterable[int]
+) -> tuple[dict[int, OffsetsEntry], list[CheckpointDamaged]]:
+    """The offsets of ``batch_ids`` that can be read, and why each other one cannot: a damaged
+    file costs its own batch, never the others (a file purged since the listing is just gone)."""
+    entries: dict[int, OffsetsEntry] = {}
+    damaged: list[CheckpointDamaged] = []
+    for batch_id in batch_ids:
+        try:
+            entry = reader.offsets(batch_id)
+        except CheckpointDamaged as exc:
+            damaged.append(exc)
+            continue
+        if entry is not None:
+            entries[batch_id] = entry
+    return entries, damaged
+
+
+def _left_out(exc: CheckpointDamaged) -> str:
+    """The warning line of a batch left out for a damaged offsets file."""
+    return f"{str(exc).rstrip('.')}: that batch is left out (and the next one's start offsets)"
+
+
+def _damaged(root: str, exc: CheckpointDamaged, count: int) -> str:
+    """The one line when no offsets file of the checkpoint can be read."""
     text = str(exc).rstrip(".")
-    if "starts with ''" in text:  # an empty file: cut off while being written
+    if isinstance(exc, CheckpointFormatUnknown):
         return (
-            f"{text.split(' starts', 1)[0]} in {root} is empty; the checkpoint is damaged: "
-            "restore that file from a copy of the checkpoint, or pass a copy without it"
-        )
-    if "Spark version" in text:
-        return (
-            f"{text.split(':', 1)[0]} in {root}: the checkpoint is in a format this wmwatch "
-            "does not know; upgrade wmwatch"
+            f"{text.split(',', 1)[0]} in {root} (and every other offsets file is unreadable): "
+            "the checkpoint is in a format this wmwatch does not know; upgrade wmwatch"
         )
     return (
-        f"{text} ({root}): restore that file from a copy of the checkpoint, or pass a copy "
-        "of the checkpoint without it"
+        f"no offsets file of {root} can be read ({count} damaged; the newest: {text}): "
+        "restore them from a copy of the checkpoint"
     )
 
 

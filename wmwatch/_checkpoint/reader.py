@@ -38,9 +38,16 @@ class CheckpointEntryGone(AuditError):
 
 
 class CheckpointDamaged(CheckpointEntryGone):
-    """A batch's checkpoint file is not what Spark writes (another shape, not a regular file,
-    past the read bound): like a purged one, that batch can never be audited; it is counted lost
-    with the reason and the batches after it go on."""
+    """A batch's checkpoint file is not what Spark writes (empty, binary, another shape, nested
+    past any real offset, numbers out of range, not a regular file, past the read bound): like a
+    purged one, that batch can never be audited; it is counted lost with the reason and the
+    batches after it go on."""
+
+
+class CheckpointFormatUnknown(CheckpointDamaged):
+    """A batch's checkpoint file is in a log version this wmwatch does not read (``v2`` offsets
+    of a query run with source evolution, or a later Spark's): that batch is counted lost with
+    the reason, as a damaged one is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,68 +70,108 @@ class SourceFile:
     log_id: int
 
 
+# The largest number Spark writes in a checkpoint (a Java long); anything past it is damage.
+_MAX_LONG = 2**63 - 1
+_VERSION_LINE = re.compile(r"^v\d{1,6}$")
+
+
 def _log_lines(text: str, what: str) -> list[str]:
+    """The lines after a log file's version line; :class:`CheckpointDamaged` for a file that is
+    empty or does not start with ``v1`` (its content is never echoed: it may be anything)."""
     lines = text.split("\n")
-    if not lines or lines[0].strip() != _LOG_VERSION:
-        raise AuditError(
-            f"{what} starts with {lines[0][:20]!r}, not {_LOG_VERSION!r}: this checkpoint was "
-            "written by a Spark version the audit does not know; audit with a matching wmwatch."
+    first = lines[0].strip()
+    if first == _LOG_VERSION:
+        return lines[1:]
+    if not text.strip():
+        raise CheckpointDamaged(
+            f"{what} is empty (cut off while being written?); the checkpoint is damaged."
         )
-    return lines[1:]
+    if _VERSION_LINE.match(first):
+        raise CheckpointFormatUnknown(
+            f"{what} is in log format {first!r}, not {_LOG_VERSION!r}, which this wmwatch does "
+            "not read (a newer Spark, or a query run with source evolution); upgrade wmwatch."
+        )
+    raise CheckpointDamaged(
+        f"{what} does not start with a log version line ({_LOG_VERSION!r}): it is not what Spark "
+        "writes; the checkpoint is damaged."
+    )
+
+
+def checkpoint_json(text: str, what: str) -> Any:
+    """One JSON value of a checkpoint file; :class:`CheckpointDamaged` for text that is not
+    JSON or nests deeper than Python parses (Spark's own values nest a few levels)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deep" if isinstance(exc, RecursionError) else "not JSON"
+        raise CheckpointDamaged(f"{what} is {reason}; the checkpoint is damaged.") from None
+
+
+def checkpoint_long(value: Any, what: str, *, minimum: int = 0) -> int:
+    """A number Spark writes as a Java long (a batch, log or Kafka offset, a time in ms):
+    an integer from ``minimum`` to 2^63-1, else :class:`CheckpointDamaged`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= _MAX_LONG:
+        shown = value if isinstance(value, int) else type(value).__name__
+        raise CheckpointDamaged(
+            f"{what} is {shown}, not a number from {minimum} to 2^63-1 as Spark writes; the "
+            "checkpoint is damaged."
+        )
+    return value
 
 
 def parse_offsets(batch_id: int, text: str) -> OffsetsEntry:
     """Parse ``offsets/N``: a version line, a metadata JSON line, one line per source."""
-    lines = _log_lines(text, f"offsets/{batch_id}")
+    what = f"offsets/{batch_id}"
+    lines = _log_lines(text, what)
     if not lines or not lines[0].strip():
+        raise CheckpointDamaged(f"{what} has no metadata line; the checkpoint is damaged.")
+    meta = checkpoint_json(lines[0], f"{what} metadata")
+    if not isinstance(meta, dict):
         raise CheckpointDamaged(
-            f"offsets/{batch_id} has no metadata line; the checkpoint is damaged."
+            f"{what} metadata is a JSON {type(meta).__name__}, not the object Spark writes; the "
+            "checkpoint is damaged."
         )
-    try:
-        meta = json.loads(lines[0])
-    except ValueError as exc:
-        raise CheckpointDamaged(
-            f"offsets/{batch_id} metadata is not JSON ({exc}); the checkpoint is damaged."
-        ) from exc
     body = lines[1:]
     while body and not body[-1].strip():
         body.pop()
     # A source without an offset yet is written as "-".
     sources = tuple(None if line.strip() in ("", "-") else line.strip() for line in body)
-    try:
-        return OffsetsEntry(
-            batch_id=batch_id,
-            watermark_ms=int(meta.get("batchWatermarkMs", 0) or 0),
-            timestamp_ms=int(meta["batchTimestampMs"]) if "batchTimestampMs" in meta else None,
-            conf={str(k): str(v) for k, v in (meta.get("conf") or {}).items()},
-            source_offsets=sources,
-        )
-    except (AttributeError, TypeError, ValueError, OverflowError) as exc:
-        # valid JSON of another shape (a list, a string watermark, conf not an object)
+    conf = meta.get("conf") or {}
+    if not isinstance(conf, dict) or not all(isinstance(v, str) for v in conf.values()):
         raise CheckpointDamaged(
-            f"offsets/{batch_id} metadata is not what Spark writes ({type(exc).__name__}); the "
-            "checkpoint is damaged."
-        ) from exc
+            f"{what} metadata's conf is not the object of strings Spark writes; the checkpoint "
+            "is damaged."
+        )
+    timestamp = meta.get("batchTimestampMs")
+    return OffsetsEntry(
+        batch_id=batch_id,
+        watermark_ms=checkpoint_long(
+            meta.get("batchWatermarkMs", 0) or 0, f"{what} batchWatermarkMs"
+        ),
+        timestamp_ms=(
+            None if timestamp is None else checkpoint_long(timestamp, f"{what} batchTimestampMs")
+        ),
+        conf=dict(conf),
+        source_offsets=sources,
+    )
 
 
-def parse_log_offset(offset_json: str | None) -> int | None:
+def parse_log_offset(offset_json: str | None, what: str = "source offset") -> int | None:
     """The ``logOffset`` of a file source's offset line; None for "no offset yet".
 
-    Raises AuditError for offsets of other sources (Kafka, rate, ...), which cannot be replayed.
+    :class:`CheckpointDamaged` for a line that is not a file source's offset, or whose number
+    is out of range (-1, before the first file, up to 2^63-1): the batch cannot be read.
     """
     if offset_json is None:
         return None
-    try:
-        doc = json.loads(offset_json)
-    except ValueError:
-        doc = None
+    doc = checkpoint_json(offset_json, what)
     if isinstance(doc, dict) and "logOffset" in doc:
-        return int(doc["logOffset"])
-    if isinstance(doc, int):  # very old file sources wrote a bare number
-        return doc
-    raise AuditError(
-        f"source offset {offset_json[:80]!r} is not a file source's logOffset; only file "
-        "sources (json, csv, parquet, orc, text) can be audited."
+        return checkpoint_long(doc["logOffset"], f"{what} logOffset", minimum=-1)
+    if isinstance(doc, int) and not isinstance(doc, bool):  # old file sources: a bare number
+        return checkpoint_long(doc, what, minimum=-1)
+    raise CheckpointDamaged(
+        f'{what} is not a file source\'s offset ({{"logOffset": N}}); the checkpoint is damaged '
+        "or does not belong to this query."
     )
 
 
@@ -134,15 +181,16 @@ def parse_source_log(text: str, what: str = "source log") -> list[SourceFile]:
     for line in _log_lines(text, what):
         if not line.strip():
             continue
+        doc = checkpoint_json(line, f"a line of {what}")
         try:
-            doc = json.loads(line)
+            timestamp = doc.get("timestamp")
+            if not isinstance(doc["path"], str):
+                raise TypeError("path")
             files.append(
                 SourceFile(
-                    path=str(doc["path"]),
-                    timestamp_ms=(
-                        int(doc["timestamp"]) if doc.get("timestamp") is not None else None
-                    ),
-                    log_id=int(doc["batchId"]),
+                    path=doc["path"],
+                    timestamp_ms=None if timestamp is None else int(timestamp),
+                    log_id=checkpoint_long(doc["batchId"], f"a line of {what}: batchId"),
                 )
             )
         except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
@@ -178,35 +226,66 @@ def files_for_log_range(
 ) -> list[SourceFile]:
     """Entries with ``first_log_id <= log_id <= last_log_id`` from a source-log directory.
 
-    A log number is read from its own file when it still exists, otherwise from the first
-    ``.compact`` file at or after it (compaction keeps every earlier entry).
+    A log number is read from its own file when it still exists, otherwise from a ``.compact``
+    file at or after it (compaction keeps every earlier entry). The work is bounded by what the
+    directory holds, never by the numbers asked for (a damaged offset may name any range).
     """
     if last_log_id < first_log_id:
         return []
+    if first_log_id < 0:
+        raise CheckpointDamaged(
+            f"a batch starts reading the file source's log at {first_log_id}, below its first "
+            "entry; the checkpoint is damaged."
+        )
+    wanted = last_log_id - first_log_id + 1
     names = list(list_names())
-    plain = {int(m.group(1)) for n in names if (m := _BATCH_FILE.match(n))}
+    plain = sorted(
+        log_id
+        for n in names
+        if (m := _BATCH_FILE.match(n))
+        and first_log_id <= (log_id := int(m.group(1))) <= last_log_id
+    )
     compacts = sorted(int(m.group(1)) for n in names if (m := _COMPACT_FILE.match(n)))
-    result: list[SourceFile] = []
-    compact_cache: dict[int, list[SourceFile]] = {}
-    for log_id in range(first_log_id, last_log_id + 1):
-        if log_id in plain:
-            text = read_text(str(log_id))
-            if text is not None:
-                result.extend(f for f in parse_source_log(text, f"sources log {log_id}"))
-                continue
-        target = next((c for c in compacts if c >= log_id), None)
-        if target is None:
-            raise CheckpointEntryGone(
-                f"the file source's log has no entry for log number {log_id}; the checkpoint "
-                "was cleaned up or damaged, so that batch cannot be audited."
-            )
-        if target not in compact_cache:
+    by_log: dict[int, list[SourceFile]] = {}
+    for log_id in plain:
+        text = read_text(str(log_id))
+        if text is not None:  # else compacted and removed since the listing
+            by_log[log_id] = parse_source_log(text, f"sources log {log_id}")
+    if len(by_log) < wanted:
+        # the numbers without a file of their own all lie at or below the highest such
+        # number, which one compact file at or after it holds (else the newest compact file
+        # holds those it reaches, and the first number missing is named below)
+        highest = last_log_id
+        while highest in by_log:
+            highest -= 1
+        target = next((c for c in compacts if c >= highest), compacts[-1] if compacts else None)
+        if target is not None and target >= first_log_id:
             text = read_text(f"{target}.compact")
             if text is None:
                 raise AuditError(f"source log {target}.compact vanished while being read; retry.")
-            compact_cache[target] = parse_source_log(text, f"sources log {target}.compact")
-        result.extend(f for f in compact_cache[target] if f.log_id == log_id)
-    return result
+            compacted: dict[int, list[SourceFile]] = {}
+            for entry in parse_source_log(text, f"sources log {target}.compact"):
+                if first_log_id <= entry.log_id <= last_log_id and entry.log_id not in by_log:
+                    compacted.setdefault(entry.log_id, []).append(entry)
+            by_log.update(compacted)
+    if len(by_log) < wanted:
+        missing = _first_missing(sorted(by_log), first_log_id)
+        raise CheckpointEntryGone(
+            f"the file source's log has no entry for log number {missing}; the checkpoint "
+            "was cleaned up or damaged, so that batch cannot be audited."
+        )
+    return [entry for log_id in sorted(by_log) for entry in by_log[log_id]]
+
+
+def _first_missing(present: Sequence[int], first: int) -> int:
+    """The smallest number from ``first`` on that ``present`` (sorted, each at least ``first``)
+    lacks."""
+    expected = first
+    for log_id in present:
+        if log_id != expected:
+            return expected
+        expected += 1
+    return expected
 
 
 class FileSystem(Protocol):
@@ -363,31 +442,64 @@ class CheckpointReader:
     def commit_mtime_seconds(self, batch_id: int) -> float | None:
         return self.fs.mtime_seconds(self._join("commits", str(batch_id)))
 
+    def watermark_after_ms(self, batch_id: int) -> int | None:
+        """The watermark batch ``batch_id`` left for the next one (``nextBatchWatermarkMs`` of
+        ``commits/N``); None when the commit is gone, :class:`CheckpointDamaged` when it is not
+        what Spark writes."""
+        what = f"commits/{batch_id}"
+        text = self.fs.read_text(self._join("commits", str(batch_id)))
+        if text is None:
+            return None
+        lines = text.split("\n")
+        # every commit log version (v2 adds state ids, v3 source names) keeps the watermark
+        if not _VERSION_LINE.match(lines[0].strip()) or len(lines) < 2:
+            raise CheckpointDamaged(f"{what} is not what Spark writes; it is damaged.")
+        doc = checkpoint_json(lines[1], what)
+        if not isinstance(doc, dict):
+            raise CheckpointDamaged(f"{what} is not the object Spark writes; it is damaged.")
+        return checkpoint_long(doc.get("nextBatchWatermarkMs", 0), f"{what} nextBatchWatermarkMs")
+
     def offsets(self, batch_id: int) -> OffsetsEntry | None:
+        """``offsets/N``; None when the file is gone, :class:`CheckpointDamaged` when it is not
+        what Spark writes."""
         text = self.fs.read_text(self._join("offsets", str(batch_id)))
         return None if text is None else parse_offsets(batch_id, text)
+
+    def offsets_before(self, batch_id: int) -> OffsetsEntry:
+        """``offsets/N-1``, where batch ``batch_id`` started (its watermark and start offsets);
+        :class:`CheckpointEntryGone` naming the batch when that file is gone or damaged."""
+        what = f"offsets/{batch_id - 1}, where batch {batch_id} starts,"
+        try:
+            previous = self.offsets(batch_id - 1)
+        except CheckpointDamaged as exc:
+            raise type(exc)(f"{what} cannot be read: {exc}") from None
+        if previous is None:
+            raise CheckpointEntryGone(
+                f"{what} is gone from the checkpoint (purged), so the batch's watermark and "
+                "input are unknown; raise spark.sql.streaming.minBatchesToRetain or keep the "
+                "audit closer to the query."
+            )
+        return previous
 
     def late_watermark_ms(self, batch_id: int) -> int | None:
         """The watermark batch ``batch_id``'s late-row filter used; None for batch 0 (no filter).
 
         Spark plans batch N with the offsets metadata of N-1 (also after a restart), so this is
-        exact; a purged ``offsets/N-1`` makes the batch unauditable.
+        exact; a purged or damaged ``offsets/N-1`` makes the batch unauditable.
         """
         if batch_id == 0:
             return None
-        previous = self.offsets(batch_id - 1)
-        if previous is None:
-            raise CheckpointEntryGone(
-                f"offsets/{batch_id - 1} is gone from the checkpoint, so the watermark batch "
-                f"{batch_id} used is unknown; raise spark.sql.streaming.minBatchesToRetain or "
-                "keep the audit closer to the query."
-            )
-        return previous.watermark_ms
+        return self.offsets_before(batch_id).watermark_ms
 
     def latest_offsets(self) -> OffsetsEntry | None:
-        """The newest ``offsets/N`` (the batch the query runs or last ran); None if none."""
+        """The newest readable ``offsets/N`` (the batch the query runs or last ran); None if
+        none. A damaged newest file is passed over: it costs its own batch when the audit
+        reaches it, never what the checkpoint's other files say."""
         for batch_id in reversed(self.offset_batches()):
-            entry = self.offsets(batch_id)
+            try:
+                entry = self.offsets(batch_id)
+            except CheckpointDamaged:
+                continue
             if entry is not None:
                 return entry
         return None
@@ -399,18 +511,18 @@ class CheckpointReader:
             raise CheckpointEntryGone(
                 f"offsets/{batch_id} is missing from the checkpoint; it cannot be audited."
             )
-        end = parse_log_offset(_source_offset(current, source_index))
+        end = parse_log_offset(
+            source_line(current, source_index), f"offsets/{batch_id} source {source_index}"
+        )
         if end is None:
             return []
         start = -1
         if batch_id > 0:
-            previous = self.offsets(batch_id - 1)
-            if previous is None:
-                raise CheckpointEntryGone(
-                    f"offsets/{batch_id - 1} is gone from the checkpoint, so the files of batch "
-                    f"{batch_id} are unknown; raise spark.sql.streaming.minBatchesToRetain."
-                )
-            prev = parse_log_offset(_source_offset(previous, source_index))
+            previous = self.offsets_before(batch_id)
+            prev = parse_log_offset(
+                source_line(previous, source_index),
+                f"offsets/{batch_id - 1} source {source_index}",
+            )
             start = -1 if prev is None else prev
         directory = self._join("sources", str(source_index))
         return files_for_log_range(
@@ -449,9 +561,14 @@ def batches_until_purge(oldest_pending: int, latest_offset_batch: int, retain: i
     return oldest_pending - 1 + retain - latest_offset_batch
 
 
-def _source_offset(entry: OffsetsEntry, source_index: int) -> str | None:
+def source_line(entry: OffsetsEntry, source_index: int) -> str | None:
+    """Source ``source_index``'s offset line in ``entry`` (None: no offset yet, ``-``);
+    :class:`CheckpointDamaged` when the file has no line for it (Spark writes one per source)."""
     if source_index >= len(entry.source_offsets):
-        return None
+        raise CheckpointDamaged(
+            f"offsets/{entry.batch_id} has {len(entry.source_offsets)} source line(s), none for "
+            f"source {source_index}; the checkpoint is damaged or does not belong to this query."
+        )
     return entry.source_offsets[source_index]
 
 
@@ -468,21 +585,15 @@ def logged_offsets(
     ended (``offsets/N``'s); None when the batch read nothing new from it. Sources that log
     their own offsets (Python data sources, JVM streams) are read again from exactly these."""
     end_entry = checkpoint.offsets(batch_id)
-    if end_entry is None or index >= len(end_entry.source_offsets):
-        raise AuditError(
-            f"offsets/{batch_id} has no line for source {index}; the checkpoint does not "
-            "belong to this query."
+    if end_entry is None:
+        raise CheckpointEntryGone(
+            f"offsets/{batch_id} is missing from the checkpoint; it cannot be audited."
         )
-    end = end_entry.source_offsets[index]
+    end = source_line(end_entry, index)
     if end is None:
         return None
-    before = checkpoint.offsets(batch_id - 1) if batch_id > 0 else None
-    if batch_id > 0 and before is None:
-        raise CheckpointEntryGone(
-            f"offsets/{batch_id - 1} is gone (spark.sql.streaming.minBatchesToRetain), so "
-            f"where batch {batch_id} started reading is unknown"
-        )
-    start = before.source_offsets[index] if before is not None else None
+    before = checkpoint.offsets_before(batch_id) if batch_id > 0 else None
+    start = source_line(before, index) if before is not None else None
     if start is None:  # the source had no offset yet: the batch read from its start
         start = initial()
     if parse_offset_json(start, "start") == parse_offset_json(end, "end"):
@@ -491,11 +602,5 @@ def logged_offsets(
 
 
 def parse_offset_json(text: str, what: str) -> Any:
-    """A logged offset line as JSON; a one-line error for a damaged line."""
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise AuditError(
-            f"the {what} offset {text[:80]!r} in the checkpoint is not JSON; the checkpoint is "
-            "damaged or not this source's."
-        ) from exc
+    """A logged offset line as JSON; :class:`CheckpointDamaged` for a damaged line."""
+    return checkpoint_json(text, f"the {what} offset line")

@@ -25,11 +25,13 @@ rows than the query's first stateful operator read. ``prepare=`` overrides all o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from wmwatch._audit.replay.refusals import (
+    BATCH_TIME_CALL,
+    NONDETERMINISTIC_CALL,
     batch_time_reason,
     nondeterministic_reason,
     refused,
@@ -42,19 +44,12 @@ from wmwatch._text import first_line, redact
 _CATALYST = "org.apache.spark.sql.catalyst"
 # nodes a batch replay leaves out: they only mark the event-time column for the stream
 _WATERMARK_NODES = frozenset({"EventTimeWatermark", "UpdateEventTimeWatermarkColumn"})
-# expressions whose value is the time a batch ran, which a later replay cannot know
-_BATCH_TIME = frozenset(
-    {
-        "CurrentTimestamp",
-        "Now",
-        "CurrentDate",
-        "CurrentTime",
-        "LocalTimestamp",
-        "CurrentBatchTimestamp",
-    }
-)
-# expressions examined per plan at most, so that a huge generated plan cannot stall the start
-_MAX_EXPRESSIONS = 20_000
+# expressions walked one by one at most to name a non-deterministic one (each costs py4j round
+# trips); whether there is one is asked of Catalyst for the whole tree, whatever its size
+MAX_EXPRESSIONS = 20_000
+_TREE_PATTERN = "org.apache.spark.sql.catalyst.trees.TreePattern"
+# the metadata key on the event-time column that carries a watermark's delay
+_DELAY_KEY = "spark.watermarkDelayMs"
 
 
 def _jvm_list(spark: Any, seq: Any) -> list[Any]:
@@ -89,15 +84,31 @@ def _leaf_paths(spark: Any, root: Any) -> list[list[tuple[Any, int]]]:
     return found
 
 
-def _expressions(spark: Any, node: Any) -> Iterator[Any]:
-    """Every expression of one plan node, pre-order, bounded by :data:`_MAX_EXPRESSIONS`."""
-    pending = list(reversed(_jvm_list(spark, node.expressions())))
-    seen = 0
-    while pending and seen < _MAX_EXPRESSIONS:
-        expression = pending.pop()
-        seen += 1
-        yield expression
-        pending.extend(reversed(_jvm_list(spark, expression.children())))
+def _innermost_varying(spark: Any, expression: Any, budget: list[int]) -> Any:
+    """The innermost non-deterministic expression under a non-deterministic ``expression``
+    (itself when its children are deterministic), following the first such child down; where
+    the walk runs past ``budget[0]`` children, the one reached so far."""
+    current = expression
+    while True:
+        varying = None
+        for child in _jvm_list(spark, current.children()):
+            budget[0] -= 1
+            if budget[0] < 0:
+                return current
+            if not child.deterministic():
+                varying = child
+                break
+        if varying is None:
+            return current
+        current = varying
+
+
+def _text(expression: Any) -> str:
+    """An expression's SQL (never truncated, unlike its string); its string if it has none."""
+    try:
+        return str(expression.sql())
+    except Exception:  # noqa: BLE001 - an expression without SQL text still prints
+        return str(expression.toString())
 
 
 def _describe(expression: Any) -> str:
@@ -107,19 +118,31 @@ def _describe(expression: Any) -> str:
         return str(expression.prettyName())
 
 
-def unreplayable_reason(spark: Any, node: Any) -> str | None:
+def unreplayable_reason(spark: Any, node: Any, budget: list[int] | None = None) -> str | None:
     """Why one node of ``events``' plan (JVM) cannot be replayed over a batch (and what to
-    do), or None."""
-    reason = stateful_reason(_name(node))
+    do), or None.
+
+    Each of the node's expressions is asked what Catalyst knows of its whole tree, whatever its
+    size: whether it is deterministic, and whether any part of it is a ``CURRENT_LIKE`` (the
+    batch's time among them, named by the tree's SQL). A plan is never accepted unchecked; the
+    walk that names a non-deterministic expression stops after ``budget`` (a one-item list, shared
+    by the plan's nodes; :data:`MAX_EXPRESSIONS`) and then names the outermost one."""
+    name = _name(node)
+    reason = stateful_reason(name)
     if reason is not None:
         return reason
-    for expression in _expressions(spark, node):
-        if str(expression.getClass().getSimpleName()) in _BATCH_TIME:
-            return batch_time_reason(_describe(expression))
-        if not expression.deterministic() and all(
-            child.deterministic() for child in _jvm_list(spark, expression.children())
-        ):
-            return nondeterministic_reason(_describe(expression))
+    budget = budget if budget is not None else [MAX_EXPRESSIONS]
+    current_like = getattr(spark.sparkContext._jvm, _TREE_PATTERN).CURRENT_LIKE()
+    for top in _jvm_list(spark, node.expressions()):
+        if top.containsPattern(current_like):
+            # current_user() and the like are CURRENT_LIKE too, and the same in a replay
+            match = BATCH_TIME_CALL.search(_text(top))
+            if match:
+                return batch_time_reason(match.group(0))
+        if not top.deterministic():
+            match = NONDETERMINISTIC_CALL.search(_text(top))
+            varying = match.group(0) if match else _describe(_innermost_varying(spark, top, budget))
+            return nondeterministic_reason(varying)
     return None
 
 
@@ -143,9 +166,61 @@ class EventsAsWritten:
         from pyspark.sql import DataFrame
 
         spark = batch.sparkSession
+        node, _ = self._rebuilt(batch, carry=True)
+        jdf = spark.sparkContext._jvm.org.apache.spark.sql.classic.Dataset.ofRows(
+            spark._jsparkSession, node
+        )
+        return DataFrame(jdf, spark)
+
+    def watermark_input(self, batch: Any) -> tuple[Any, str, int] | None:
+        """What ``events``' watermark node reads in ``batch`` (the rows whose largest event time
+        Spark turns into the watermark, before any step above the node), the node's event-time
+        column and its delay in ms; None when ``events`` sets no watermark."""
+        from pyspark.sql import DataFrame
+
+        spark = batch.sparkSession
+        node, mark = self._rebuilt(batch, stop_at="EventTimeWatermark")
+        if mark is None:
+            return None
+        # the delay as Spark hands it to the watermark's operator: on the event-time column
+        delay_ms = next(
+            int(a.metadata().getLong(_DELAY_KEY))
+            for a in _jvm_list(spark, mark.output())
+            if a.metadata().contains(_DELAY_KEY)
+        )
+        jdf = spark.sparkContext._jvm.org.apache.spark.sql.classic.Dataset.ofRows(
+            spark._jsparkSession, node
+        )
+        return DataFrame(jdf, spark), str(mark.eventTime().name()), delay_ms
+
+    def _rebuilt(
+        self, batch: Any, *, carry: bool = False, stop_at: str | None = None
+    ) -> tuple[Any, Any | None]:
+        """``events``' plan rebuilt over ``batch``: up to its top, or up to the first ancestor
+        named ``stop_at`` (then returned beside the plan below it); ``carry`` keeps the columns
+        the audit attached to the raw rows in every projection that can take them."""
+        spark = batch.sparkSession
         jvm = spark.sparkContext._jvm
-        selected = self._leaf_columns(batch)
-        batch_plan = selected._jdf.queryExecution().analyzed()
+        node = self._leaf_plan(batch)
+        extra = _jvm_list(spark, node.output())[len(self.leaf_attributes) :] if carry else []
+        for parent, index in self.ancestors:
+            if _name(parent) == stop_at:
+                return node, parent
+            if _name(parent) in _WATERMARK_NODES:
+                continue  # the node above takes the replayed rows directly
+            children = _children(spark, parent)
+            children[index] = node
+            node = parent.withNewChildren(_seq(jvm, children))
+            if extra:
+                node, extra = _carry(jvm, spark, node, extra)
+        return node, None
+
+    def _leaf_plan(self, batch: Any) -> Any:
+        """The batch's plan standing in for the streaming leaf: its columns renamed to the
+        leaf's attributes, the attached ones after them."""
+        spark = batch.sparkSession
+        jvm = spark.sparkContext._jvm
+        batch_plan = self._leaf_columns(batch)._jdf.queryExecution().analyzed()
         batch_out = _jvm_list(spark, batch_plan.output())
         aliases = [
             jvm.org.apache.spark.sql.catalyst.expressions.Alias(
@@ -159,18 +234,9 @@ class EventsAsWritten:
             for batch_attr, stream_attr in zip(batch_out, self.leaf_attributes, strict=False)
         ]
         extra = batch_out[len(self.leaf_attributes) :]
-        logical = jvm.org.apache.spark.sql.catalyst.plans.logical
-        node = logical.Project(_seq(jvm, [*aliases, *extra]), batch_plan)
-        for parent, index in self.ancestors:
-            if _name(parent) in _WATERMARK_NODES:
-                continue  # the node above takes the replayed rows directly
-            children = _children(spark, parent)
-            children[index] = node
-            node = parent.withNewChildren(_seq(jvm, children))
-            if extra:
-                node, extra = _carry(jvm, spark, node, extra)
-        jdf = jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, node)
-        return DataFrame(jdf, spark)
+        return jvm.org.apache.spark.sql.catalyst.plans.logical.Project(
+            _seq(jvm, [*aliases, *extra]), batch_plan
+        )
 
     def _leaf_columns(self, batch: Any) -> Any:
         """The batch with the leaf's columns first, in its order and types, then the columns
@@ -237,8 +303,9 @@ def as_written(spark: Any, events: Any) -> Callable[[Any], Any]:
         )
     leaf = paths[0][0][0]
     description = redact(first_line(str(leaf.toString()), 120) or "its source")
+    budget = [MAX_EXPRESSIONS]
     for node, _ in paths[0][1:]:
-        reason = unreplayable_reason(spark, node)
+        reason = unreplayable_reason(spark, node, budget)
         if reason is not None:
             raise refused(reason)
     return EventsAsWritten(
@@ -246,3 +313,33 @@ def as_written(spark: Any, events: Any) -> Callable[[Any], Any]:
         ancestors=tuple(paths[0][1:]),
         description=description,
     )
+
+
+def as_the_watermark_reads(spark: Any, query: Any) -> tuple[EventsAsWritten, Any] | None:
+    """How the watermark node of ``query`` (a classic streaming DataFrame) reads a batch of its
+    source: the query's optimized plan from the streaming leaf under the node up to the node,
+    filters the optimizer moved below it included, as Spark runs it (``watermark_input`` of the
+    result gives those rows), and that leaf (to place it among the query's sources); None unless
+    the query has exactly one watermark node, over exactly one stream."""
+    marks: list[Any] = []
+
+    def walk(node: Any) -> None:
+        if _name(node) == "EventTimeWatermark":
+            marks.append(node)
+        for child in _children(spark, node):
+            walk(child)
+
+    # the session's optimizer over the analysed plan, as a micro-batch runs it
+    # (IncrementalExecution); a streaming Dataset's own optimizedPlan refuses to be planned
+    analysed = query._jdf.queryExecution().analyzed()
+    walk(query.sparkSession._jsparkSession.sessionState().optimizer().execute(analysed))
+    paths = _leaf_paths(spark, marks[0]) if len(marks) == 1 else []
+    if len(paths) != 1:
+        return None
+    leaf = paths[0][0][0]
+    reads = EventsAsWritten(
+        leaf_attributes=tuple(_jvm_list(spark, leaf.output())),
+        ancestors=tuple(paths[0][1:]),
+        description=redact(first_line(str(leaf.toString()), 120) or "its source"),
+    )
+    return reads, leaf

@@ -12,33 +12,40 @@ that keeps or lists columns; otherwise the replayed rows go without them.
 
 What cannot be replayed is read off the server's analysed plan of ``events``, as text: the same
 stateful steps and samples as on classic PySpark, and Spark's non-deterministic and batch-time
-functions by name (a Python UDF declared non-deterministic is not seen here).
+functions by name. The text does not say whether a Python UDF is deterministic, the client's
+plan does: a UDF it holds marked non-deterministic (``asNondeterministic()``) is refused, and
+so is one the text shows that the client's plan does not hold (called by a registered name),
+whose determinism the client cannot read.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from wmwatch._audit.replay.refusals import (
+    BATCH_TIME_CALL,
+    NONDETERMINISTIC_CALL,
     batch_time_reason,
     nondeterministic_reason,
     refused,
     stateful_reason,
+    too_large_reason,
 )
 from wmwatch._errors import AuditError
 from wmwatch._plantext import parse_plan_tree
 
 _ANALYZED = "== Analyzed Logical Plan =="
-# Spark's non-deterministic functions, as its plan text prints them
-_NONDETERMINISTIC = re.compile(
-    r"\b(rand|randn|random|randstr|uniform|uuid|shuffle|monotonically_increasing_id|"
-    r"spark_partition_id|input_file_name|input_file_block_start|input_file_block_length)\([^)]*\)"
-)
-# functions whose value is the time a batch ran
-_BATCH_TIME = re.compile(r"\b(current_timestamp|now|current_date|current_time|localtimestamp)\(\)")
+# a Python UDF's call in plan text ends in its result id: name(arguments)#12
+_UDF_RESULT = re.compile(r"\)#\d")
+_UDF_NAME = re.compile(r"([^\s(),\[\]]+)\($")
+# objects of the client's plan walked for inline UDFs, at most
+MAX_OBJECTS = 100_000
+# the client's own plan and expression objects (a UDF's function is not walked)
+_CONNECT_MODULES = ("pyspark.sql.connect.column", "pyspark.sql.connect.expressions")
 # steps that keep their input's columns or list the ones they output, so an attached column
 # can be carried through them
 _CARRYING = (
@@ -87,8 +94,59 @@ def _leaf_paths(root: Any) -> list[list[tuple[Any, tuple[str, ...]]]]:
     return found
 
 
-def refusal(analysed_plan_text: str) -> str | None:
-    """Why the analysed plan of ``events`` (text) cannot be replayed over a batch, or None."""
+def python_udf_calls(line: str) -> list[str]:
+    """The names of the Python UDFs a line of plan text calls: Spark prints one as
+    ``name(arguments)#resultId``, the only call followed by ``#``."""
+    names = []
+    for match in _UDF_RESULT.finditer(line):
+        depth, at = 0, match.start()
+        while at >= 0:
+            depth += {")": 1, "(": -1}.get(line[at], 0)
+            if depth == 0:
+                break
+            at -= 1
+        name = _UDF_NAME.search(line, 0, at + 1) if at > 0 else None
+        if name is not None:
+            names.append(name.group(1))
+    return names
+
+
+def client_udfs(nodes: Iterable[Any]) -> dict[str, bool]:
+    """The Python UDFs the client's plan nodes hold inline, by name: whether each is marked
+    deterministic (False when any of that name is not). The walk over the nodes' expressions is
+    bounded; past the bound :func:`refused` (an unread UDF is never taken as deterministic)."""
+    from pyspark.sql.connect.expressions import CommonInlineUserDefinedFunction
+    from pyspark.sql.connect.plan import LogicalPlan
+
+    found: dict[str, bool] = {}
+    seen: set[int] = set()
+    pending: list[Any] = [value for node in nodes for value in vars(node).values()]
+    while pending:
+        value = pending.pop()
+        if id(value) in seen or isinstance(value, (str, bytes, int, float, bool, LogicalPlan)):
+            continue
+        seen.add(id(value))
+        if len(seen) > MAX_OBJECTS:
+            raise refused(too_large_reason(MAX_OBJECTS, "the client's plan"))
+        if isinstance(value, CommonInlineUserDefinedFunction):
+            name = str(value._function_name)
+            found[name] = found.get(name, True) and bool(value._deterministic)
+        if isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple, set)):
+            pending.extend(value)
+        elif hasattr(value, "__dict__") and type(value).__module__.startswith(_CONNECT_MODULES):
+            pending.extend(vars(value).values())
+    return found
+
+
+def refusal(analysed_plan_text: str, udfs: Mapping[str, bool] | None = None) -> str | None:
+    """Why the analysed plan of ``events`` (text) cannot be replayed over a batch, or None;
+    ``udfs``: the Python UDFs of the client's plan and whether each is deterministic."""
+    udfs = udfs or {}
+    for name, deterministic in udfs.items():
+        if not deterministic:
+            return nondeterministic_reason(f"{name}(), a Python UDF marked non-deterministic")
     for root in parse_plan_tree(analysed_plan_text):
         for node in root.walk():
             if not node.children:
@@ -96,12 +154,20 @@ def refusal(analysed_plan_text: str) -> str | None:
             reason = stateful_reason(node.name)
             if reason is not None:
                 return reason
-            match = _BATCH_TIME.search(node.line)
+            match = BATCH_TIME_CALL.search(node.line)
             if match:
                 return batch_time_reason(match.group(0))
-            match = _NONDETERMINISTIC.search(node.line)
+            match = NONDETERMINISTIC_CALL.search(node.line)
             if match:
                 return nondeterministic_reason(match.group(0))
+            unread = [n for n in python_udf_calls(node.line) if n not in udfs]
+            if unread:
+                return (
+                    f"it calls the Python UDF {unread[0]} by a registered name, whose "
+                    "determinism a Spark Connect client cannot read; call the UDF object "
+                    "itself in events, or pass prepare=, a function that turns the raw source "
+                    "rows into events"
+                )
     return None
 
 
@@ -172,7 +238,7 @@ def connect_as_written(events: Any) -> ConnectEventsAsWritten:
             )
     text = str(events._explain_string(extended=True))
     analysed = text.split(_ANALYZED, 1)[-1].split("\n==", 1)[0]
-    reason = refusal(analysed)
+    reason = refusal(analysed, client_udfs(node for node, _ in path[1:]))
     if reason is not None:
         raise refused(reason)
     read = path[0][0]

@@ -5,6 +5,8 @@ Connect one (:mod:`wmwatch._audit.replay.events_connect`, which reads the analys
 
 from __future__ import annotations
 
+import re
+
 from wmwatch._errors import AuditError
 
 # steps whose output depends on earlier batches (state) or on a whole stream
@@ -24,6 +26,16 @@ STATEFUL_PREFIXES = (
     "FlatMapCoGroups",
     "Intersect",
     "Except",
+)
+
+# Spark's non-deterministic functions and those whose value is the time a batch ran, as its
+# plan text and SQL print them (the classic check names one by them; Spark Connect finds them so)
+NONDETERMINISTIC_CALL = re.compile(
+    r"\b(rand|randn|random|randstr|uniform|uuid|shuffle|monotonically_increasing_id|"
+    r"spark_partition_id|input_file_name|input_file_block_start|input_file_block_length)\([^)]*\)"
+)
+BATCH_TIME_CALL = re.compile(
+    r"\b(current_timestamp|now|current_date|current_time|localtimestamp)\([^)]*\)"
 )
 
 _DETERMINISTIC_HINT = (
@@ -64,6 +76,13 @@ def nondeterministic_reason(expression: str) -> str:
     return (
         f"it uses {expression}, which is not deterministic, so a replay would not see the rows "
         f"the query saw; {_DETERMINISTIC_HINT}"
+    )
+
+
+def too_large_reason(limit: int, where: str) -> str:
+    return (
+        f"its plan has more than {limit:,} expressions to examine ({where}), more than the "
+        f"audit checks for non-deterministic ones; {_DETERMINISTIC_HINT}"
     )
 
 

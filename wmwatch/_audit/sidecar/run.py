@@ -33,6 +33,7 @@ from wmwatch._audit.replay.engine import Replayer, ReplayInput
 from wmwatch._audit.replay.plan import apply_overrides, parse_plan
 from wmwatch._audit.replay.sources.files import FileBatchSource
 from wmwatch._audit.sidecar.history import SidecarHistory
+from wmwatch._audit.sidecar.settings import check_event_times, check_recorded_conf
 from wmwatch._audit.start import (
     _COMPLETE_MODE,
     DEFAULT_JOB_TIMEOUT_SECONDS,
@@ -44,6 +45,7 @@ from wmwatch._audit.start import (
     checked_options,
 )
 from wmwatch._checkpoint.reader import (
+    CheckpointDamaged,
     CheckpointReader,
     HadoopFileSystem,
     inside_local_checkpoint,
@@ -60,8 +62,6 @@ from wmwatch._text import error_line, redact
 # The run id of the ``queries`` row a sidecar writes: the checkpoint records no run ids, and
 # the production query's runs are not the sidecar's to name.
 SIDECAR_RUN_ID = "sidecar"
-# Spark's conf key whose "false" makes a batch judge late rows with its own watermark.
-_ALLOW_MULTIPLE_KEY = "spark.sql.streaming.statefulOperator.allowMultiple"
 _OUTPUT_MODES = ("append", "update", "complete")
 
 
@@ -86,7 +86,7 @@ def checkpoint_query_id(reader: CheckpointReader) -> str:
     if text is not None:
         try:
             doc = json.loads(text.strip().splitlines()[0]) if text.strip() else None
-        except ValueError:
+        except (ValueError, RecursionError):
             doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
         raise ConfigError(
@@ -109,19 +109,6 @@ def _streaming_frame(value: Any, what: str) -> Any:
             "query reads (spark.readStream..., with its withWatermark)."
         )
     return value
-
-
-def _check_conf(reader: CheckpointReader, spark: Any) -> None:
-    """Refuse what the in-job audit refuses, read from the production query's own settings
-    (the checkpoint's offsets conf) where it records them, else the sidecar's session."""
-    latest = reader.latest_offsets()
-    recorded = latest.conf.get(_ALLOW_MULTIPLE_KEY) if latest is not None else None
-    value = recorded if recorded is not None else spark.conf.get(_ALLOW_MULTIPLE_KEY, "true")
-    if str(value).lower() == "false":
-        raise AuditError(
-            f"{_ALLOW_MULTIPLE_KEY}=false changes which watermark drops late rows and is not "
-            "supported by the audit; leave it at its default (true)."
-        )
 
 
 def _check_source_count(reader: CheckpointReader, sources: int) -> None:
@@ -158,8 +145,11 @@ def _newest_logged_file(reader: CheckpointReader, source_index: int) -> str | No
         (int(m.group(1)), name) for name in names if (m := re.match(r"^(\d+)(\.compact)?$", name))
     )
     for _, name in reversed(numbered):
-        text = reader.fs.read_text(f"{directory}/{name}")
-        files = parse_source_log(text, f"sources/{source_index}/{name}") if text else []
+        try:
+            text = reader.fs.read_text(f"{directory}/{name}")
+            files = parse_source_log(text, f"sources/{source_index}/{name}") if text else []
+        except CheckpointDamaged:
+            continue  # costs the batches that read it, when the audit reaches them
         if files:
             return files[-1].path
     return None
@@ -293,7 +283,7 @@ def start_sidecar(
         max_row_bytes=max_row_bytes,
         job_timeout_seconds=job_timeout_seconds,
     )
-    _check_conf(reader, spark)
+    check_recorded_conf(reader, spark)
     query_plan = defined._jdf.queryExecution().analyzed()
     plan_text = str(query_plan.toString())
     plan = apply_overrides(
@@ -307,6 +297,14 @@ def start_sidecar(
     _check_source_count(reader, len(plan.inputs))
     inputs = _replay_inputs(spark, plan, plan_text, query_plan, frames, prepares, {})
     _check_file_sources(reader, inputs)
+    check_event_times(
+        spark,
+        reader,
+        inputs,
+        query=defined,
+        query_plan=query_plan,
+        timeout_seconds=job_timeout_seconds,
+    )
     query_name = clean_name(name)
     label = query_label(query_name, query_id)
     replayer = Replayer(

@@ -10,7 +10,7 @@ build its :class:`BatchSource` (:class:`Found`). The kinds are registered, in or
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,6 +24,54 @@ SOURCE_FILE_COL = "__wmwatch_source_file"
 SOURCE_POSITION_COL = "__wmwatch_source_position"
 # Columns the audit attaches to the raw rows: carried through ``events``, never row data.
 ATTACHED_COLUMNS = frozenset({SOURCE_FILE_COL, SOURCE_POSITION_COL})
+
+
+class SourceOptions(Mapping[str, str]):
+    """A source's options as Spark reads them: a key matches in any case (``cleansource`` is
+    ``cleanSource``, as in Spark's ``CaseInsensitiveMap``), the last value given winning;
+    iterated with the keys as the query gave them, which Spark's readers take back as they are.
+    Every look-up of a query's source option goes through this. Values are never shown (a
+    Kafka source's hold credentials)."""
+
+    __slots__ = ("_folded", "_given")
+
+    def __init__(self, given: Mapping[Any, Any] | None = None) -> None:
+        self._given = {str(k): str(v) for k, v in (given or {}).items()}
+        self._folded: dict[str, list[str]] = {}
+        for key, value in self._given.items():
+            self._folded.setdefault(key.lower(), []).append(value)
+
+    def __getitem__(self, key: str) -> str:
+        return self._folded[key.lower()][-1]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key.lower() in self._folded
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._given)
+
+    def __len__(self) -> int:
+        return len(self._given)
+
+    def __repr__(self) -> str:
+        return f"SourceOptions(keys={sorted(self._given)})"
+
+    @classmethod
+    def of(cls, given: Mapping[Any, Any] | None) -> SourceOptions:
+        """``given`` as source options (itself when it already is)."""
+        return given if isinstance(given, SourceOptions) else cls(given)
+
+    def without(self, *names: str) -> dict[str, str]:
+        """The options with the keys as given, less ``names`` in any case (options a batch
+        read must not be handed)."""
+        dropped = {name.lower() for name in names}
+        return {k: v for k, v in self._given.items() if k.lower() not in dropped}
+
+    def every(self, key: str) -> tuple[str, ...]:
+        """Every value given under ``key`` in any case: a Spark Connect client's plan can hold
+        ``cleanSource`` and ``cleansource`` both, and which one the server then takes is not
+        defined, so a refusal looks at each."""
+        return tuple(self._folded.get(key.lower(), ()))
 
 
 class BatchSource(Protocol):

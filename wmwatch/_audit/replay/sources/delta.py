@@ -31,7 +31,7 @@ is lost, with the reason (:class:`~wmwatch._checkpoint.reader.CheckpointEntryGon
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,19 +39,29 @@ from wmwatch._audit.replay.sources.base import (
     SOURCE_FILE_COL,
     Found,
     SourceKind,
+    SourceOptions,
     scala_map,
     scala_seq,
 )
-from wmwatch._checkpoint.reader import CheckpointEntryGone, CheckpointReader, parse_offset_json
-from wmwatch._errors import AuditError, UnsupportedSourceError
+from wmwatch._checkpoint.reader import (
+    CheckpointDamaged,
+    CheckpointEntryGone,
+    CheckpointReader,
+    checkpoint_long,
+    parse_offset_json,
+    source_line,
+)
+from wmwatch._errors import UnsupportedSourceError
 from wmwatch._text import first_line
 
 # Delta's offset index that stands before every file of a version (written as -1)
 BASE_INDEX = -1
 # indexes Delta writes (sourceVersion 3) only while it tracks schema changes in a schema log
 _METADATA_INDEXES = (-20, -19)
-# options (lower case) that change which files a Delta stream reads; others are passed over
-_UNSUPPORTED_OPTIONS = ("readchangefeed", "excluderegex", "schematrackinglocation")
+# the base index as Delta writes it beside those (sourceVersion 3): before every file, as -1
+_BASE_INDEX_V3 = -100
+# options that change which files a Delta stream reads; others are passed over
+_UNSUPPORTED_OPTIONS = ("readChangeFeed", "excludeRegex", "schemaTrackingLocation")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -97,17 +107,26 @@ class DeltaSourceSpec:
 
 def parse_delta_offset(text: str, what: str) -> DeltaOffset:
     """A Delta source offset line, e.g. ``{"sourceVersion":1,...,"reservoirVersion":2,
-    "index":1,"isStartingVersion":false}``."""
+    "index":1,"isStartingVersion":false}``; :class:`CheckpointDamaged` for a line of another
+    shape or with numbers Delta never writes (the batch cannot be read)."""
     raw = parse_offset_json(text, what)
-    try:
-        offset = DeltaOffset(
-            int(raw["reservoirVersion"]), int(raw["index"]), bool(raw["isStartingVersion"])
+    if (
+        not isinstance(raw, dict)
+        or not {"reservoirVersion", "index", "isStartingVersion"} <= raw.keys()
+        or not isinstance(raw["isStartingVersion"], bool)
+    ):
+        raise CheckpointDamaged(
+            f"the {what} offset line is not a Delta source offset; the checkpoint is damaged "
+            "or does not belong to this query."
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise AuditError(
-            f"the {what} offset {first_line(text, 120)!r} is not a Delta source offset; the "
-            "checkpoint does not belong to this query."
-        ) from exc
+    index = raw["index"]
+    if index not in (*_METADATA_INDEXES, _BASE_INDEX_V3):
+        index = checkpoint_long(index, f"the {what} offset's index", minimum=BASE_INDEX)
+    offset = DeltaOffset(
+        checkpoint_long(raw["reservoirVersion"], f"the {what} offset's reservoirVersion"),
+        index,
+        raw["isStartingVersion"],
+    )
     if offset.index in _METADATA_INDEXES:
         raise UnsupportedSourceError(
             "the Delta stream tracks schema changes (schemaTrackingLocation); batches around a "
@@ -165,28 +184,22 @@ def _indexed(version: int, actions: Iterable[Any]) -> Iterator[IndexedFile]:
         yield IndexedFile(version, index, str(action.path()), action)
 
 
-def _option(options: dict[str, str], name: str) -> str | None:
-    for key, value in options.items():
-        if key.lower() == name.lower():
-            return value
-    return None
-
-
-def delta_spec_of(options: dict[str, str], paths: list[str], schema_json: str) -> DeltaSourceSpec:
+def delta_spec_of(given: Mapping[str, str], paths: list[str], schema_json: str) -> DeltaSourceSpec:
     """The Delta source's table and the options that decide what its batches read."""
-    used = [k for k in options if k.lower() in _UNSUPPORTED_OPTIONS]
+    options = SourceOptions.of(given)
+    used = [name for name in _UNSUPPORTED_OPTIONS if name in options]
     if used:
         raise UnsupportedSourceError(
             f"the Delta stream uses {', '.join(sorted(used))}, which the audit does not replay; "
             "audit a stream without it."
         )
-    path = paths[0] if paths else _option(options, "path")
+    path = paths[0] if paths else options.get("path")
     if not path:
         raise UnsupportedSourceError(
             "the Delta stream reads a catalog table; the audit replays Delta streams read by path "
             "(spark.readStream.format('delta').load(path))."
         )
-    starting = _option(options, "startingVersion")
+    starting = options.get("startingVersion")
     starting_version: int | None = None
     if starting is not None:
         if not starting.strip().isdigit():
@@ -196,8 +209,8 @@ def delta_spec_of(options: dict[str, str], paths: list[str], schema_json: str) -
             )
         starting_version = int(starting)
     # Delta refuses both options together, so at most one is set on a stream that ran
-    starting_timestamp = _option(options, "startingTimestamp")
-    skip = (_option(options, "skipChangeCommits") or "false").strip().lower() == "true"
+    starting_timestamp = options.get("startingTimestamp")
+    skip = (options.get("skipChangeCommits") or "false").strip().lower() == "true"
     return DeltaSourceSpec(path, schema_json, starting_version, skip, starting_timestamp)
 
 
@@ -217,7 +230,7 @@ def delta_source_of(spark: Any, relation: Any) -> DeltaSourceSpec:
     only)."""
     ds = relation.dataSource()
     return delta_spec_of(
-        scala_map(spark, ds.options()),
+        SourceOptions(scala_map(spark, ds.options())),
         scala_seq(spark, ds.paths()),
         str(relation.schema().json()),
     )
@@ -259,23 +272,16 @@ class DeltaBatchSource:
 
     def batch_input(self, checkpoint: CheckpointReader, batch_id: int) -> DeltaBatch | None:
         end_entry = checkpoint.offsets(batch_id)
-        if end_entry is None or self.index >= len(end_entry.source_offsets):
-            raise AuditError(
-                f"offsets/{batch_id} has no line for source {self.index}; the checkpoint does "
-                "not belong to this query."
+        if end_entry is None:
+            raise CheckpointEntryGone(
+                f"offsets/{batch_id} is missing from the checkpoint; it cannot be audited."
             )
-        end_text = end_entry.source_offsets[self.index]
+        end_text = source_line(end_entry, self.index)
         if end_text is None:
             return None
         before_text = None
         if batch_id > 0:
-            before_entry = checkpoint.offsets(batch_id - 1)
-            if before_entry is None:
-                raise CheckpointEntryGone(
-                    f"offsets/{batch_id - 1} is gone (spark.sql.streaming.minBatchesToRetain), "
-                    f"so where batch {batch_id} started reading is unknown"
-                )
-            before_text = before_entry.source_offsets[self.index]
+            before_text = source_line(checkpoint.offsets_before(batch_id), self.index)
         end = parse_delta_offset(end_text, "end")
         before = parse_delta_offset(before_text, "start") if before_text is not None else None
         if before is not None and (before.version, before.index) == (end.version, end.index):

@@ -22,6 +22,7 @@ from wmwatch._audit.replay.sources.base import (
     ConnectFound,
     Found,
     SourceKind,
+    SourceOptions,
     relation_of,
     scala_map,
     scala_seq,
@@ -59,9 +60,12 @@ class FileSourceSpec:
 
     format: str
     schema_json: str
-    options: dict[str, str]
+    options: SourceOptions
     paths: tuple[str, ...]
     source_index: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", SourceOptions.of(self.options))
 
 
 def _short_format(name: str) -> str:
@@ -69,13 +73,20 @@ def _short_format(name: str) -> str:
     return _FORMATS_BY_CLASS.get(short, short)
 
 
-def _no_clean_source(options: dict[str, str]) -> None:
-    clean = options.get("cleanSource", "off").lower()
-    if clean != "off":
+def _no_clean_source(options: SourceOptions) -> None:
+    cleaning = [v for v in options.every("cleanSource") if v.strip().lower() != "off"]
+    if cleaning:
         raise UnsupportedSourceError(
-            f"the file source moves or deletes its files (cleanSource={clean}), so batches cannot "
-            "be read again; turn cleanSource off to audit this query."
+            f"the file source moves or deletes its files (cleanSource={cleaning[-1]}), so batches "
+            "cannot be read again; turn cleanSource off to audit this query."
         )
+
+
+def _paths(paths: Sequence[str], options: SourceOptions) -> tuple[str, ...]:
+    """The folders a file source reads: its load paths, else its ``path`` option."""
+    if paths:
+        return tuple(paths)
+    return (options["path"],) if "path" in options else ()
 
 
 def is_file_relation(spark: Any, relation: Any) -> bool:
@@ -95,13 +106,13 @@ def file_source_of(spark: Any, events: Any) -> FileSourceSpec:
             f"events reads a {fmt!r} source, which cannot be replayed batch by batch; the audit "
             f"supports file sources ({', '.join(SUPPORTED_FORMATS)})."
         )
-    options = scala_map(spark, ds.options())
+    options = SourceOptions(scala_map(spark, ds.options()))
     _no_clean_source(options)
-    paths = tuple(scala_seq(spark, ds.paths()))
-    if not paths and "path" in options:
-        paths = (options["path"],)
     return FileSourceSpec(
-        format=short, schema_json=str(relation.schema().json()), options=options, paths=paths
+        format=short,
+        schema_json=str(relation.schema().json()),
+        options=options,
+        paths=_paths(scala_seq(spark, ds.paths()), options),
     )
 
 
@@ -137,16 +148,13 @@ def is_file_format(relation: Any) -> bool:
 
 def connect_file_source_of(events: Any, relation: Any) -> FileSourceSpec:
     """The file source a Connect events DataFrame reads, from the client's plan objects."""
-    options = dict(relation._options or {})
+    options = SourceOptions(relation._options)
     _no_clean_source(options)
-    paths = tuple(relation._paths or ())
-    if not paths and "path" in options:
-        paths = (options["path"],)
     return FileSourceSpec(
         format=_short_format(relation._format or "parquet"),
         schema_json=relation_schema_json(events, relation),
         options=options,
-        paths=paths,
+        paths=_paths(relation._paths or (), options),
     )
 
 
@@ -195,11 +203,11 @@ class FileBatchSource:
         reader = spark.read.format(src.format).schema(
             StructType.fromJson(json.loads(src.schema_json))
         )
-        options = {k: v for k, v in src.options.items() if k.lower() not in ("path", "paths")}
+        options = src.options.without("path", "paths")
         if (
             len(src.paths) == 1
             and not re.search(r"[*?\[{]", src.paths[0])
-            and "basePath" not in options
+            and "basePath" not in src.options
         ):
             # Keeps partition columns (dir/key=value/file) when single files are read.
             options["basePath"] = src.paths[0]

@@ -36,10 +36,13 @@ from wmwatch._audit.replay.sources.base import (
     ConnectFound,
     Found,
     SourceKind,
+    SourceOptions,
 )
 from wmwatch._checkpoint.reader import (
+    CheckpointDamaged,
     CheckpointEntryGone,
     CheckpointReader,
+    checkpoint_long,
     logged_offsets,
     parse_offset_json,
 )
@@ -48,26 +51,23 @@ from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError
 
 # Options of the streaming reader that a batch read refuses or that mean nothing there.
-_STREAM_ONLY = frozenset(
-    o.lower()
-    for o in (
-        "startingOffsets",
-        "endingOffsets",
-        "startingTimestamp",
-        "endingTimestamp",
-        "startingOffsetsByTimestamp",
-        "endingOffsetsByTimestamp",
-        "startingOffsetsByTimestampStrategy",
-        "maxOffsetsPerTrigger",
-        "minOffsetsPerTrigger",
-        "maxTriggerDelay",
-        "maxRecordsPerPartition",
-        "subscribe",
-        "subscribePattern",
-        "assign",
-        "failOnDataLoss",
-        "path",
-    )
+_STREAM_ONLY = (
+    "startingOffsets",
+    "endingOffsets",
+    "startingTimestamp",
+    "endingTimestamp",
+    "startingOffsetsByTimestamp",
+    "endingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
+    "maxRecordsPerPartition",
+    "subscribe",
+    "subscribePattern",
+    "assign",
+    "failOnDataLoss",
+    "path",
 )
 _SUBSCRIPTIONS = ("subscribe", "subscribePattern", "assign")
 # Settings of the admin client that asks the broker for earliest offsets; the rest of the
@@ -84,6 +84,8 @@ _STRATEGIES = {"Subscribe": "subscribe", "SubscribePattern": "subscribepattern",
 
 # {topic: {partition: offset}}
 Offsets = dict[str, dict[int, int]]
+# Kafka numbers partitions with a Java int
+_MAX_PARTITION = 2**31 - 1
 
 
 class RecordsGone(CheckpointEntryGone):
@@ -105,8 +107,11 @@ def is_kafka_source(relation: Any) -> bool:
 class KafkaSourceSpec:
     """The query's Kafka source: its options (never shown: they hold credentials) and schema."""
 
-    options: Mapping[str, str] = field(repr=False)
+    options: SourceOptions = field(repr=False)
     schema_json: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", SourceOptions.of(self.options))
 
     @property
     def description(self) -> str:
@@ -117,9 +122,7 @@ class KafkaSourceSpec:
 
 def kafka_source_of(relation: Any) -> KafkaSourceSpec:
     """The Kafka source ``relation`` reads, with the options the query gave it."""
-    options = {
-        str(k): str(v) for k, v in dict(relation.extraOptions().asCaseSensitiveMap()).items()
-    }
+    options = SourceOptions(dict(relation.extraOptions().asCaseSensitiveMap()))
     return KafkaSourceSpec(options=options, schema_json=str(relation.schema().json()))
 
 
@@ -143,7 +146,7 @@ def connect_kafka_source_of(events: Any, relation: Any) -> KafkaSourceSpec:
     """The Kafka source a Connect events DataFrame reads: the options the client gave it (they
     stay in memory: security settings among them) and its schema, from the server."""
     return KafkaSourceSpec(
-        options=dict(relation._options or {}),
+        options=SourceOptions(relation._options),
         schema_json=relation_schema_json(events, relation),
     )
 
@@ -163,14 +166,13 @@ def _connect_found(events: Any, relation: Any) -> ConnectFound:
 def kafka_positions(descriptions: Sequence[str], spec: KafkaSourceSpec) -> list[int]:
     """The positions of the sources whose progress description names ``spec``'s subscription
     (Spark Connect, where no plan object says which source is which)."""
-    options = {k.lower(): v for k, v in spec.options.items()}
     found = []
     for index, description in enumerate(descriptions):
         match = _DESCRIPTION.match(description)
         if match is None:
             continue
         strategy, value = _STRATEGIES[match.group(1)], match.group(2)
-        wanted = options.get(strategy)
+        wanted = spec.options.get(strategy)
         if wanted is None:
             continue
         if strategy == "subscribe":
@@ -189,18 +191,24 @@ def _topics(text: str, sep: str) -> set[str]:
 
 
 def parse_kafka_offsets(text: str, what: str) -> Offsets:
-    """A Kafka offset line as ``{topic: {partition: offset}}``."""
+    """A Kafka offset line as ``{topic: {partition: offset}}``; :class:`CheckpointDamaged` for
+    a line of another shape or with numbers Kafka never gives (the batch cannot be read)."""
     parsed = parse_offset_json(text, what)
-    try:
-        return {
-            str(topic): {int(p): int(o) for p, o in parts.items()}
-            for topic, parts in parsed.items()
-        }
-    except (AttributeError, TypeError, ValueError) as exc:
-        raise AuditError(
-            f"the {what} offset {text[:80]!r} is not a Kafka offset line "
-            '({"topic":{"0":123}}); the checkpoint is not this source\'s.'
-        ) from exc
+    shape = (
+        f"the {what} offset line is not a Kafka offset line "
+        '({"topic":{"0":123}}); the checkpoint is damaged or not this source\'s.'
+    )
+    if not isinstance(parsed, dict) or not all(isinstance(p, dict) for p in parsed.values()):
+        raise CheckpointDamaged(shape)
+    offsets: Offsets = {}
+    for topic, parts in parsed.items():
+        for partition, offset in parts.items():
+            if not (partition.isascii() and partition.isdigit()) or int(partition) > _MAX_PARTITION:
+                raise CheckpointDamaged(shape)
+            offsets.setdefault(str(topic), {})[int(partition)] = checkpoint_long(
+                offset, f"the {what} offset of {topic}-{partition}"
+            )
+    return offsets
 
 
 def batch_ranges(start: Offsets, end: Offsets) -> dict[str, dict[int, tuple[int, int]]]:
@@ -322,7 +330,7 @@ class KafkaBatchSource:
         self, spark: Any, ranges: Mapping[str, Mapping[int, tuple[int, int]]], fail_on_loss: str
     ) -> Any:
         """Spark's Kafka batch reader over ``ranges``, with the query's own client options."""
-        options = {k: v for k, v in self.spec.options.items() if k.lower() not in _STREAM_ONLY}
+        options = self.spec.options.without(*_STREAM_ONLY)
         return (
             spark.read.format("kafka")
             .options(**options)

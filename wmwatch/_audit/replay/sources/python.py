@@ -21,12 +21,12 @@ import hashlib
 import json
 import pickle
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from wmwatch._audit.replay.connect import relation_schema_json
-from wmwatch._audit.replay.sources.base import ConnectFound, Found, SourceKind
+from wmwatch._audit.replay.sources.base import ConnectFound, Found, SourceKind, SourceOptions
 from wmwatch._audit.replay.sources.files import SUPPORTED_FORMATS
 from wmwatch._checkpoint.reader import CheckpointReader, logged_offsets, parse_offset_json
 from wmwatch._errors import UnsupportedSourceError
@@ -53,9 +53,12 @@ class PythonSourceSpec:
     """What reading a Python data source again needs: its name, options, schema and class."""
 
     name: str
-    options: dict[str, str]
+    options: SourceOptions
     schema_json: str
     data_source: type = field(compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", SourceOptions.of(self.options))
 
 
 def python_source_of(spark: Any, relation: Any) -> PythonSourceSpec:
@@ -77,12 +80,9 @@ def python_source_of(spark: Any, relation: Any) -> PythonSourceSpec:
             f"({type(exc).__name__}); register it with spark.dataSource.register(...) in the "
             "session that runs the audit."
         ) from exc
-    options = {
-        str(k): str(v) for k, v in dict(relation.extraOptions().asCaseSensitiveMap()).items()
-    }
     return PythonSourceSpec(
         name=name,
-        options=options,
+        options=SourceOptions(dict(relation.extraOptions().asCaseSensitiveMap())),
         schema_json=str(relation.schema().json()),
         data_source=data_source,
     )
@@ -91,11 +91,13 @@ def python_source_of(spark: Any, relation: Any) -> PythonSourceSpec:
 def initial_offset(spec: PythonSourceSpec) -> str:
     """The start offset of the first batch (no ``offsets/N-1``), as Spark logs it: the reader's
     ``initialOffset()`` through ``json.dumps``."""
+    from pyspark.sql.datasource import CaseInsensitiveDict
     from pyspark.sql.types import StructType
 
     schema = StructType.fromJson(json.loads(spec.schema_json))
     replay = _replay_class(spec, _replay_name(spec))
-    reader, _ = replay.stream_reader(dict(spec.options), schema)  # type: ignore[attr-defined]  # class built at run time
+    # as Spark hands a data source its options: looked up in any case
+    reader, _ = replay.stream_reader(CaseInsensitiveDict(spec.options), schema)  # type: ignore[attr-defined]  # class built at run time
     return json.dumps(reader.initialOffset())
 
 
@@ -113,14 +115,19 @@ def _replay_class(spec: PythonSourceSpec, name: str) -> type:
     classes and functions travel by value and executors need pyspark and the user's data source
     only, not wmwatch.
     """
-    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    from pyspark.sql.datasource import (
+        CaseInsensitiveDict,
+        DataSource,
+        DataSourceReader,
+        InputPartition,
+    )
     from pyspark.sql.types import StructType
 
     user_class = spec.data_source
     schema_json = spec.schema_json
     start_key, end_key = _START, _END
 
-    def open_stream(options: dict[str, str], schema: Any) -> tuple[Any, bool]:
+    def open_stream(options: Mapping[str, str], schema: Any) -> tuple[Any, bool]:
         """The user's stream reader and whether it is a simple one."""
         source = user_class(options)
         try:
@@ -130,7 +137,10 @@ def _replay_class(spec: PythonSourceSpec, name: str) -> type:
 
     class ReplayReader(DataSourceReader):
         def __init__(self, options: dict[str, str], schema: Any) -> None:
-            own = {k: v for k, v in options.items() if k not in (start_key, end_key)}
+            # the user's reader gets its options as Spark gives them: looked up in any case
+            own = CaseInsensitiveDict(
+                {k: v for k, v in options.items() if k.lower() not in (start_key, end_key)}
+            )
             self.start = json.loads(options[start_key])
             self.end = json.loads(options[end_key])
             self.stream, self.simple = open_stream(own, schema)
@@ -242,7 +252,7 @@ def connect_python_source_of(events: Any, relation: Any) -> PythonSourceSpec:
         )
     return PythonSourceSpec(
         name=name,
-        options=dict(relation._options or {}),
+        options=SourceOptions(relation._options),
         schema_json=relation_schema_json(events, relation),
         data_source=matches[0],
     )
