@@ -350,9 +350,11 @@ def broker_state(
     options: Mapping[str, str],
     ranges: Mapping[str, Mapping[int, tuple[int, int]]],
     timeout_s: float,
+    *,
+    policies: bool = True,
 ) -> dict[str, TopicState]:
     """What the broker says now of the topics ``ranges`` reads (one admin client, closed after):
-    ids and partitions, ``cleanup.policy``, earliest and latest offsets."""
+    ids and partitions, earliest and latest offsets, and ``cleanup.policy`` when ``policies``."""
     jvm = spark.sparkContext._jvm
     unit = jvm.java.util.concurrent.TimeUnit.MILLISECONDS
     wait_ms = int(timeout_s * 1000)
@@ -372,7 +374,7 @@ def broker_state(
             topic_id = str(description.topicId().toString())
             states[topic] = TopicState(True, None if topic_id == _NO_TOPIC_ID else topic_id)
             partitions[topic] = {int(p.partition()) for p in description.partitions()}
-        policies = _compaction(jvm, admin, sorted(partitions), wait_ms)
+        compacted = _compaction(jvm, admin, sorted(partitions), wait_ms) if policies else {}
         wanted = [
             (t, p) for t, parts in ranges.items() for p in parts if p in partitions.get(t, ())
         ]
@@ -382,7 +384,7 @@ def broker_state(
             states[topic] = TopicState(
                 True,
                 states[topic].topic_id,
-                policies.get(topic),
+                compacted.get(topic),
                 {p: o for (t, p), o in earliest.items() if t == topic},
                 {p: o for (t, p), o in latest.items() if t == topic},
             )
@@ -546,7 +548,13 @@ class KafkaBatchSource:
         :class:`RecordsGone` when the batch's records are not all there as it read them."""
         ranges = batch.ranges
         try:
-            states = broker_state(spark, self.spec.options, ranges, self.broker_timeout_seconds)
+            states = broker_state(
+                spark,
+                self.spec.options,
+                ranges,
+                self.broker_timeout_seconds,
+                policies=count_compacted,
+            )
         except Exception as exc:  # noqa: BLE001 - whatever the broker or py4j raised, said once
             raise AuditError(
                 f"the Kafka broker did not describe the topics of {self.spec.description} "
