@@ -236,7 +236,7 @@ def test_a_first_snapshot_batch_brings_only_its_own_files_to_the_driver(
         after = offset(reader, batch_id - 1)["index"] if batch_id > 0 else -1
         wanted = order[after + 1 : offset(reader, batch_id)["index"] + 1]
         assert len(wanted) == files and frame.count() == files  # one row a file
-        assert sorted(r["path"] for r in frame.select(_FILE).collect()) == sorted(
+        assert sorted(r[_FILE] for r in frame.select(_FILE).collect()) == sorted(
             f"file:{table}/{name}" for name in wanted
         ), batch_id
         return count[0]
@@ -246,11 +246,11 @@ def test_a_first_snapshot_batch_brings_only_its_own_files_to_the_driver(
     # each source builds its snapshot once, whatever it reads after
     assert small.files_of(small.batch_input(small_reader, small_batches[2])) is not None
     assert large.files_of(large.batch_input(large_reader, large_batches[1])) is not None
-    # the first batch; the next (past the last file of the one before); one with nothing
-    # read before it (its files ranked), early and late in the snapshot
+    # the first batch; the next (past the last file of the one before); ones whose batch
+    # before was not the last read (their files ranked), late and early in the snapshot
     first = [calls_to_read(small, small_reader, small_batches[0], 10)]
     past = [calls_to_read(small, small_reader, small_batches[1], 10)]
-    ranked = [calls_to_read(small, small_reader, small_batches[b], 10) for b in (3, 4)]
+    ranked = [calls_to_read(small, small_reader, small_batches[b], 10) for b in (4, 2)]
     first.append(calls_to_read(large, large_reader, large_batches[0], 20))
     past.append(calls_to_read(large, large_reader, large_batches[1], 20))
     ranked.append(calls_to_read(large, large_reader, large_batches[1], 20))
