@@ -1,6 +1,7 @@
 """The Kafka source's pure rules: which offsets a batch read, which are gone since, whether its
 topic is still the one it read, and that its options (credentials) are never shown. The
-real-broker tests are in tests/test_audit_kafka_spark.py and tests/test_audit_kafka_gone_spark.py."""
+real-broker tests are in tests/test_audit_kafka_spark.py and
+tests/test_audit_kafka_gone_spark.py."""
 
 from __future__ import annotations
 
