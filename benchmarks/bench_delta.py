@@ -29,16 +29,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the tests' py4j counter, from the repository's root
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from tests.helpers import py4j_calls  # noqa: E402 - after the path above
 
 
 def in_delta_env() -> None:
@@ -141,26 +141,6 @@ def run_stream(spark: Any, table: Path, checkpoint: Path, per_batch: int) -> Any
     )
     query.awaitTermination()
     return events
-
-
-@contextmanager
-def py4j_calls(spark: Any) -> Iterator[list[int]]:
-    """Count the py4j commands this thread sends while the block runs."""
-    client = spark.sparkContext._gateway._gateway_client
-    send = client.send_command
-    me = threading.get_ident()
-    count = [0]
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        if threading.get_ident() == me:
-            count[0] += 1
-        return send(*args, **kwargs)
-
-    client.send_command = counting
-    try:
-        yield count
-    finally:
-        del client.send_command
 
 
 def heap_mib(spark: Any) -> float:

@@ -27,7 +27,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import wmwatch
-from tests.conftest import DELTA
 from tests.kafka_broker import jar_cache
 from tests.test_audit_spark import (
     DELAY,
@@ -43,13 +42,6 @@ from tests.test_audit_spark import (
 from wmwatch._checkpoint.reader import CheckpointReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.delta]
-
-
-@pytest.fixture
-def delta_spark(spark: Any) -> Any:
-    if not DELTA:
-        pytest.fail("the Delta tests run on pyspark 4.2 with Delta's jars: run `nox -s delta`")
-    return spark
 
 
 def append(spark: Any, table: Path, rows: list[dict[str, Any]], files: int = 1) -> None:

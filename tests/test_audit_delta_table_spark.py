@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,27 +15,13 @@ import duckdb
 import pytest
 
 import wmwatch
+from tests.helpers import offsets_moved, py4j_calls
 from tests.test_audit_delta_spark import append
 from tests.test_audit_spark import DELAY, dropped_by_watermark, stream_files
 from wmwatch._audit.replay.sources.base import SOURCE_FILE_COL as _FILE
 from wmwatch._checkpoint.reader import CheckpointReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.delta]
-
-
-@pytest.fixture
-def delta_spark(spark: Any) -> Any:
-    from tests.conftest import DELTA
-
-    if not DELTA:
-        pytest.fail("the Delta tests run on pyspark 4.2 with Delta's jars: run `nox -s delta`")
-    return spark
-
-
-def _reads_data(reader: CheckpointReader, batch_id: int) -> bool:
-    entry, before = reader.offsets(batch_id), reader.offsets(batch_id - 1)
-    assert entry is not None and before is not None
-    return entry.source_offsets != before.source_offsets
 
 
 def test_sidecar_of_a_delta_table_replaced_at_its_path_counts_its_batches_lost(
@@ -96,7 +79,7 @@ def test_sidecar_of_a_delta_table_replaced_at_its_path_counts_its_batches_lost(
     expected = {
         b
         for b in reader.committed_batches()
-        if b > 0 and _reads_data(reader, b) and reader.late_watermark_ms(b) is not None
+        if b > 0 and offsets_moved(reader, b) and reader.late_watermark_ms(b) is not None
     }
     assert expected, "no batch the sidecar had to read"
     with duckdb.connect(str(db), read_only=True) as con:
@@ -149,27 +132,6 @@ def test_delta_streams_read_out_of_file_order_or_past_missing_files_are_refused(
             finally:
                 query.stop()
             assert only["payload_missing"] and named in only["payload_missing"], only
-
-
-@contextmanager
-def _py4j_calls(spark: Any) -> Iterator[list[int]]:
-    """Count the py4j commands this thread sends to the driver's JVM (each a round trip, the
-    driver's per-object cost) while the block runs; the commands still go through."""
-    client = spark.sparkContext._gateway._gateway_client
-    send = client.send_command
-    me = threading.get_ident()
-    count = [0]
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        if threading.get_ident() == me:
-            count[0] += 1
-        return send(*args, **kwargs)
-
-    client.send_command = counting
-    try:
-        yield count
-    finally:
-        del client.send_command
 
 
 FILES = 60
@@ -231,7 +193,7 @@ def test_a_first_snapshot_batch_brings_only_its_own_files_to_the_driver(
         stream's (their numbers in the snapshot's order, from its offsets)."""
         what = source.batch_input(reader, batch_id)
         assert what is not None
-        with _py4j_calls(spark) as count:
+        with py4j_calls(spark) as count:
             frame = source.read(spark, what)
         after = offset(reader, batch_id - 1)["index"] if batch_id > 0 else -1
         wanted = order[after + 1 : offset(reader, batch_id)["index"] + 1]

@@ -22,7 +22,7 @@ import duckdb
 import pytest
 
 import wmwatch
-from tests.helpers import iso
+from tests.helpers import iso, offsets_moved
 from tests.test_audit_kafka_spark import (
     PARTITIONS,
     SCHEMA,
@@ -174,12 +174,6 @@ def _audit_held(
     }
 
 
-def _reads_data(reader: CheckpointReader, batch_id: int) -> bool:
-    entry, before = reader.offsets(batch_id), reader.offsets(batch_id - 1)
-    assert entry is not None and before is not None
-    return entry.source_offsets != before.source_offsets
-
-
 def _audited_exactly(result: dict[str, Any], batches: set[int]) -> None:
     """Each of ``batches`` is marked with as many late rows as Spark dropped, all stored."""
     per_batch = {b: 0 for b in batches}
@@ -205,7 +199,7 @@ def test_in_job_audit_behind_a_topic_deleted_and_created_again_counts_its_batche
         spark, kafka, tmp_path, recreate, name="kafka_recreated", fail_on_data_loss="false"
     )
     held, status = result["held"], result["status"]
-    after = {b for b in result["committed"] if b >= held and _reads_data(result["reader"], b)}
+    after = {b for b in result["committed"] if b >= held and offsets_moved(result["reader"], b)}
     assert after, "no batch read data after the held one"
     assert result["lost"] == after
     assert status["batches_lost"] == len(after) and status["errors"] == 0, status
@@ -314,7 +308,7 @@ def test_sidecar_of_a_topic_deleted_and_created_again_counts_what_it_had_not_aud
 
     reader = CheckpointReader(str(checkpoint))
     later = {b for b in reader.committed_batches() if b > audited_first[-1]}
-    expected = {b for b in later if _reads_data(reader, b)}
+    expected = {b for b in later if offsets_moved(reader, b)}
     assert expected, "the second run read nothing"
     late, marked = _history(db)
     assert set(reader.committed_batches()) - set(marked) == expected
