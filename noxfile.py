@@ -10,7 +10,8 @@ folder, so a warning, a broken link or a missing anchor fails.
 
 ``.ci/run`` runs ``nox -s docs``, then both test environments (``nox -s main delta``);
 ``nox -s delta`` alone sets up ``.venv-delta`` and runs the Delta tests (the jars come from
-``.ci/fetch_jars.sh``). The sessions manage their own virtualenvs (``venv_backend="none"``)
+``.ci/fetch_jars.sh``); ``nox -s delta-env`` only sets it up (``benchmarks/bench_delta.py``
+runs itself there). The sessions manage their own virtualenvs (``venv_backend="none"``)
 so that ``main`` is the ``.venv`` CI already built.
 """
 
@@ -54,6 +55,7 @@ MATRIX = {
         (
             "tests/test_audit_delta_spark.py",
             "tests/test_audit_delta_restart_spark.py",
+            "tests/test_audit_delta_table_spark.py",
             # smoke: the audit, the watch and the checkpoint reader under the older pyspark
             "tests/test_audit_spark.py::test_tumbling_window_conservation[bulk]",
             "tests/test_watch_spark.py",
@@ -155,3 +157,10 @@ def docs(session: nox.Session) -> None:
 def delta(session: nox.Session) -> None:
     """pyspark 4.2.0 with Delta Lake: the Delta tests and a smoke of the rest."""
     _run(session, "delta")
+
+
+@nox.session(name="delta-env", venv_backend="none")
+def delta_env(session: nox.Session) -> None:
+    """The pyspark 4.2.0 environment with Delta Lake (.venv-delta), made or brought up to date,
+    without running tests: what benchmarks/bench_delta.py runs in."""
+    _prepare(session, MATRIX["delta"])

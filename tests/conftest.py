@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -119,6 +120,14 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         with contextlib.suppress(Exception):  # best effort at teardown
             query.stop()
     session.stop()
+
+
+@pytest.fixture
+def delta_spark(spark: Any) -> Any:
+    """The run's session, which must be the pyspark 4.2 one with Delta's jars."""
+    if not DELTA:
+        pytest.fail("the Delta tests run on pyspark 4.2 with Delta's jars: run `nox -s delta`")
+    return spark
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +86,32 @@ def self_signed_cert(folder: Path) -> tuple[Path, Path]:
         capture_output=True,
     )
     return cert, key
+
+
+def offsets_moved(reader: Any, batch_id: int) -> bool:
+    """Whether batch ``batch_id`` read anything: its offsets differ from the batch before's
+    (``reader`` a :class:`~wmwatch._checkpoint.reader.CheckpointReader`)."""
+    entry, before = reader.offsets(batch_id), reader.offsets(batch_id - 1)
+    assert entry is not None and before is not None
+    return bool(entry.source_offsets != before.source_offsets)
+
+
+@contextlib.contextmanager
+def py4j_calls(spark: Any) -> Iterator[list[int]]:
+    """Count the py4j commands this thread sends to the driver's JVM while the block runs (each
+    a round trip: the driver's cost per JVM object touched); the commands still go through."""
+    client = spark.sparkContext._gateway._gateway_client
+    send = client.send_command
+    me = threading.get_ident()
+    count = [0]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == me:
+            count[0] += 1
+        return send(*args, **kwargs)
+
+    client.send_command = counting
+    try:
+        yield count
+    finally:
+        del client.send_command

@@ -1,18 +1,22 @@
-"""The Kafka source's pure rules: which offsets a batch read, which were deleted since, and
-that its options (credentials) are never shown. The real-broker tests are in
-tests/test_audit_kafka_spark.py."""
+"""The Kafka source's pure rules: which offsets a batch read, which are gone since, whether its
+topic is still the one it read, and that its options (credentials) are never shown. The
+real-broker tests are in tests/test_audit_kafka_spark.py and
+tests/test_audit_kafka_gone_spark.py."""
 
 from __future__ import annotations
 
 import pytest
 
+from wmwatch._audit.replay.sources.base import MemoryIdentityBook, SeenIdentity
 from wmwatch._audit.replay.sources.kafka import (
     KafkaSourceSpec,
+    TopicState,
     batch_ranges,
-    gone_below,
+    check_identity,
     is_data_loss,
     kafka_positions,
     parse_kafka_offsets,
+    records_gone,
 )
 from wmwatch._checkpoint.reader import CheckpointDamaged
 
@@ -28,11 +32,43 @@ def test_a_new_empty_partition_reads_nothing() -> None:
     assert batch_ranges({"a": {0: 5}}, {"a": {0: 5, 1: 0}}) == {}
 
 
-def test_gone_below_names_partitions_whose_records_were_deleted() -> None:
-    ranges = {"a": {0: (5, 9), 1: (0, 3)}}
-    assert gone_below(ranges, {("a", 0): 5, ("a", 1): 0}) == []
-    gone = gone_below(ranges, {("a", 0): 6, ("a", 1): 0})
-    assert gone == ["a-0 from 5 (earliest now 6)"]
+def test_records_gone_names_each_partition_and_why() -> None:
+    ranges = {"a": {0: (5, 9), 1: (0, 3), 2: (4, 6)}, "b": {0: (0, 1)}}
+    whole = TopicState(True, "id-a", False, {0: 5, 1: 0, 2: 0}, {0: 9, 1: 3, 2: 8})
+    assert (
+        records_gone(ranges, {"a": whole, "b": TopicState(True, "id-b", None, {0: 0}, {0: 1})})
+        == []
+    )
+    truncated = TopicState(True, "id-a", False, {0: 6, 1: 0}, {0: 9, 1: 2})
+    assert records_gone(ranges, {"a": truncated, "b": TopicState(exists=False)}) == [
+        "a-0 from 5 (earliest now 6)",
+        "a-1 to 3 (the partition ends at 2)",
+        "a-2 does not exist now",
+        "topic b does not exist now",
+    ]
+
+
+def test_a_topic_id_seen_first_is_recorded_from_the_next_planned_batch() -> None:
+    book = MemoryIdentityBook()
+    assert check_identity(book, 0, "a", "X", 4, lambda: 9) is None
+    assert book.seen(0, "a") == SeenIdentity("X", 10)
+    # the same id later: nothing to say, nothing changed
+    assert check_identity(book, 0, "a", "X", 12, lambda: 20) is None
+    assert book.seen(0, "a") == SeenIdentity("X", 10)
+
+
+def test_another_topic_id_loses_the_batch_and_those_planned_before_it_was_seen() -> None:
+    book = MemoryIdentityBook({(0, "a"): SeenIdentity("X", 3)})
+    why = check_identity(book, 0, "a", "Y", 5, lambda: 8)
+    assert why is not None and "deleted and created again" in why and "X" in why and "Y" in why
+    assert book.seen(0, "a") == SeenIdentity("Y", 9, replaced=True)
+    # batches planned before the audit saw Y may have read either topic
+    later = check_identity(book, 0, "a", "Y", 8, lambda: 8)
+    assert later is not None and "planned before" in later
+    # a batch planned after it read Y
+    assert check_identity(book, 0, "a", "Y", 9, lambda: 12) is None
+    # another source's topic of the same name is its own entry
+    assert check_identity(book, 1, "a", "Z", 0, lambda: 0) is None
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,12 @@ from wmwatch._audit.jumps.watch import JumpWatch
 from wmwatch._audit.pacing import YIELD_FACTOR, IdleWait, SlotGate
 from wmwatch._audit.replay.engine import Replayer, ReplayInput
 from wmwatch._audit.replay.predicates import OperatorSpec, batch_may_have_late_rows
-from wmwatch._audit.replay.sources.base import UnreplayableSource
+from wmwatch._audit.replay.sources.base import (
+    IdentityBook,
+    MemoryIdentityBook,
+    RemembersIdentities,
+    UnreplayableSource,
+)
 from wmwatch._audit.retention import Retention, log_lost
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows, InputCount, LateRow
 from wmwatch._audit.status import AuditCounters, audit_status
@@ -134,6 +139,8 @@ class Auditor:
         # batches handled: ranges, never one id each (an audit runs for months)
         self._done = HandledBatches()
         self._counters = AuditCounters()
+        # what the audit saw of identities the checkpoint does not record (Kafka topic ids)
+        self._identities: IdentityBook = MemoryIdentityBook()
         self._audited_cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self.on_stop: Callable[[], None] | None = None
@@ -210,6 +217,8 @@ class Auditor:
         if self.history is not None:
             self.history.drop_interrupted_replays()
             last_audited = self.history.last_audited_batch()
+            self._identities = self.history.identity_book()
+        self._hand_identities()
         if self.jumps is not None:
             self.jumps.start()
         with self._lock:
@@ -336,10 +345,18 @@ class Auditor:
         self.checkpoint = resolved.checkpoint
         self.replayer.inputs = tuple(resolved.inputs)
         self.progress_min_covers_inputs = resolved.progress_min_covers_inputs
+        self._hand_identities()
         self.resolve = None
         self._resolved.set()
         log.info("wmwatch: audit of %s: the query's plan is known, auditing", self.label)
         return True
+
+    def _hand_identities(self) -> None:
+        """Give the sources that check an identity the checkpoint does not record what the
+        audit (and earlier audits of the query) saw of it."""
+        for item in self.replayer.inputs:
+            if isinstance(item.source, RemembersIdentities):
+                item.source.remember_with(self._identities)
 
     def _audit_pending(self) -> bool:
         """Audit committed batches in order; True when every one of them is done."""

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from wmwatch._audit.replay.sources.base import IdentityBook, MemoryIdentityBook, SeenIdentity
 from wmwatch._errors import AuditError
 from wmwatch._text import redact
 
@@ -173,6 +174,29 @@ class AuditHistory:
 
         return self._store.read(read, timeout=30)
 
+    def identity_book(self) -> IdentityBook:
+        """What earlier audits of the query saw of its sources' identities (Kafka topic ids),
+        kept in ``audit_source_identities`` as this audit sees them change."""
+        query_id = self.query_id
+
+        def read(con: duckdb.DuckDBPyConnection) -> list[tuple[Any, ...]]:
+            return con.execute(
+                "SELECT source_index, name, identity, since_batch, replaced "
+                "FROM audit_source_identities WHERE query_id = ?",
+                [query_id],
+            ).fetchall()
+
+        rows = self._store.read(read, timeout=30)
+        return _HistoryIdentityBook(
+            self._store,
+            query_id,
+            self.label,
+            {
+                (int(index), str(name)): SeenIdentity(str(identity), int(since), bool(replaced))
+                for index, name, identity, since, replaced in rows
+            },
+        )
+
     def stage(
         self, batch_id: int, attempt: str, rows: list[LateRow], *, timeout_seconds: float
     ) -> int:
@@ -225,6 +249,36 @@ class AuditHistory:
 
     def _last_error(self) -> str | None:
         return self._store.health.last_error
+
+
+class _HistoryIdentityBook(MemoryIdentityBook):
+    """The identities in memory, each change also written to the history (queued, as every
+    write of the audit's)."""
+
+    def __init__(
+        self,
+        store: HistoryAccess,
+        query_id: str,
+        label: str,
+        seeded: dict[tuple[int, str], SeenIdentity],
+    ) -> None:
+        super().__init__(seeded)
+        self._store = store
+        self._query_id = query_id
+        self._label = label
+
+    def record(self, source_index: int, name: str, seen: SeenIdentity) -> None:
+        super().record(source_index, name, seen)
+        row = [self._query_id, source_index, name, seen.identity, seen.since_batch, seen.replaced]
+
+        def write(con: duckdb.DuckDBPyConnection) -> None:
+            con.execute(
+                "INSERT OR REPLACE INTO audit_source_identities (query_id, source_index, name, "
+                "identity, since_batch, replaced, seen_at) VALUES (?, ?, ?, ?, ?, ?, now())",
+                row,
+            )
+
+        self._store.submit(write, description=f"audit {self._label}: identity of {name}")
 
 
 def _rows_as_table(first_param: int) -> str:

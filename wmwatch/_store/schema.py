@@ -344,6 +344,27 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        8,
+        "audit_source_identities: the identity of each source the checkpoint does not record",
+        (
+            # one row per source and name (a Kafka topic): the identity the audit last saw
+            # (the broker's topic id) and the first batch planned after it saw it; a later
+            # audit compares the source with it (see wmwatch._audit.replay.sources.kafka)
+            """
+            CREATE TABLE IF NOT EXISTS audit_source_identities (
+                query_id        VARCHAR NOT NULL,
+                source_index    INTEGER NOT NULL,
+                name            VARCHAR NOT NULL,       -- a Kafka topic
+                identity        VARCHAR NOT NULL,       -- its topic id
+                since_batch     BIGINT NOT NULL,        -- first batch planned after it was seen
+                replaced        BOOLEAN NOT NULL,       -- another identity was seen first
+                seen_at         TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (query_id, source_index, name)
+            )
+            """,
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -42,7 +42,8 @@ def read_top_rows(
             what = item.source.batch_input(checkpoint, batch_id)
             if what is None:
                 continue
-            found.extend(_top_of_input(replayer, item, what, limit, F, SOURCE_POSITION_COL))
+            with replayer.checked([(item, what)]):
+                found.extend(_top_of_input(replayer, item, what, limit, F, SOURCE_POSITION_COL))
     rows = top_rows_of(found, limit)
     return rows, rows[0].source_index if rows else None
 

@@ -142,11 +142,14 @@ class Replayer:
         rows with) it also counts the rows the batch kept although that watermark had passed
         them: the rows the same rule would call late under it, and not under the older one.
         """
-        with bounded_job(
-            self.spark,
-            description=f"wmwatch audit of {self.label} batch {batch_id}",
-            timeout_seconds=self.job_timeout_seconds,
-            pool=self.pool,
+        with (
+            bounded_job(
+                self.spark,
+                description=f"wmwatch audit of {self.label} batch {batch_id}",
+                timeout_seconds=self.job_timeout_seconds,
+                pool=self.pool,
+            ),
+            self.checked(reads),
         ):
             frames = [
                 self.late_rows_frame(item, self._read(item, what), late_wm_ms)
@@ -202,6 +205,22 @@ class Replayer:
                 else (),
             )
         return self.fetch(late, batch_id, run_id, late_wm_ms, stage, reads)
+
+    @contextlib.contextmanager
+    def checked(self, reads: Sequence[tuple[ReplayInput, Any]]) -> Iterator[None]:
+        """Run the body's jobs over ``reads``, then let each source say whether what they read
+        was the batch's (:meth:`~wmwatch._audit.replay.sources.base.BatchSource.after_read`),
+        whether the jobs failed or not: a source that says no turns the replay into a lost
+        batch (``CheckpointEntryGone``) rather than an error retried forever or rows audited
+        from other data."""
+        try:
+            yield
+        except Exception as exc:
+            for item, what in reads:
+                item.source.after_read(self.spark, what, exc)
+            raise
+        for item, what in reads:
+            item.source.after_read(self.spark, what, None)
 
     def _read(self, item: ReplayInput, what: Any) -> Any:
         raw = item.source.read(self.spark, what)

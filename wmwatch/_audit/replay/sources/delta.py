@@ -24,8 +24,20 @@ past the snapshot, in the snapshot of the version before its end
 files carry deletion vectors, as the stream does), so partition values, column mapping and
 deletion vectors are applied as the stream applied them.
 
-A file VACUUM removed, or a commit the log's retention removed, cannot be read again: the batch
-is lost, with the reason (:class:`~wmwatch._checkpoint.reader.CheckpointEntryGone`).
+The offsets name the table by its id (``reservoirId``, the id of its ``metaData`` action, kept
+across ``REPLACE TABLE``): a batch is read again only from a table with that id, so a table
+deleted and created again at the path (or a sidecar pointed at another table) never replays
+other files where version numbers overlap. Which files a batch read is worked out when it is
+read again, under the replay's deadline: a slice of the first snapshot is picked by Spark from
+the snapshot's file list (never listed into the driver), so a batch of ``maxFilesPerTrigger``
+files costs the same at the start of a 200,000-file snapshot as at its end.
+
+A file VACUUM removed (the replay's read fails on it), or a commit the log's retention removed,
+cannot be read again: the batch is lost, with the reason
+(:class:`~wmwatch._checkpoint.reader.CheckpointEntryGone`). That takes
+``spark.sql.files.ignoreMissingFiles`` off, as it is by default: with it on a missing file
+would be skipped silently, and such a session is refused, as is ``withEventTimeOrder`` (its
+first snapshot is read in another order than the one replayed here).
 """
 
 from __future__ import annotations
@@ -62,15 +74,27 @@ _METADATA_INDEXES = (-20, -19)
 _BASE_INDEX_V3 = -100
 # options that change which files a Delta stream reads; others are passed over
 _UNSUPPORTED_OPTIONS = ("readChangeFeed", "excludeRegex", "schemaTrackingLocation")
+# Delta's option (and session default) that reads the first snapshot bucketed by event time, in
+# another order and batching than the file order this module replays
+_EVENT_TIME_ORDER = "withEventTimeOrder"
+_EVENT_TIME_ORDER_CONF = "spark.databricks.delta.withEventTimeOrder.enabled"
+# with it on, Spark skips a data file that is gone instead of failing the read
+_IGNORE_MISSING_FILES = "spark.sql.files.ignoreMissingFiles"
+# the column that numbers a snapshot's files in the stream's order, while a slice is picked
+_RANK_COL = "__wmwatch_rank"
+# how Spark and Delta say that a data file the read needed is gone
+_FILE_GONE = ("FileNotFoundException", "FILE_NOT_EXIST", "DELTA_FILE_NOT_FOUND")
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class DeltaOffset:
-    """One Delta source offset: the last file read is ``(version, index)``."""
+    """One Delta source offset: the last file read is ``(version, index)`` of the table whose
+    id is ``table_id``."""
 
     version: int
     index: int
     initial_snapshot: bool = field(compare=False)
+    table_id: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +143,7 @@ def parse_delta_offset(text: str, what: str) -> DeltaOffset:
             f"the {what} offset line is not a Delta source offset; the checkpoint is damaged "
             "or does not belong to this query."
         )
+    table_id = raw.get("reservoirId")
     index = raw["index"]
     if index not in (*_METADATA_INDEXES, _BASE_INDEX_V3):
         index = checkpoint_long(index, f"the {what} offset's index", minimum=BASE_INDEX)
@@ -126,6 +151,7 @@ def parse_delta_offset(text: str, what: str) -> DeltaOffset:
         checkpoint_long(raw["reservoirVersion"], f"the {what} offset's reservoirVersion"),
         index,
         raw["isStartingVersion"],
+        table_id if isinstance(table_id, str) else None,
     )
     if offset.index in _METADATA_INDEXES:
         raise UnsupportedSourceError(
@@ -184,6 +210,21 @@ def _indexed(version: int, actions: Iterable[Any]) -> Iterator[IndexedFile]:
         yield IndexedFile(version, index, str(action.path()), action)
 
 
+def snapshot_slice(start: DeltaStart, end: DeltaOffset) -> tuple[int, int | None]:
+    """The numbers of the first snapshot's files a batch read: after ``start.index``, and
+    ``count`` of them (None: every one after it, when the batch read on past the snapshot)."""
+    if end.version == start.version:
+        return start.index, max(0, end.index - start.index)
+    return start.index, None
+
+
+def file_gone(error: BaseException, table: str) -> bool:
+    """Whether a replay failed because a data file of ``table`` it had to read is gone."""
+    text = str(error)
+    root = table.rstrip("/").removeprefix("file:").lstrip("/")
+    return any(mark in text for mark in _FILE_GONE) and (not root or root in text)
+
+
 def delta_spec_of(given: Mapping[str, str], paths: list[str], schema_json: str) -> DeltaSourceSpec:
     """The Delta source's table and the options that decide what its batches read."""
     options = SourceOptions.of(given)
@@ -192,6 +233,11 @@ def delta_spec_of(given: Mapping[str, str], paths: list[str], schema_json: str) 
         raise UnsupportedSourceError(
             f"the Delta stream uses {', '.join(sorted(used))}, which the audit does not replay; "
             "audit a stream without it."
+        )
+    if (options.get(_EVENT_TIME_ORDER) or "false").strip().lower() == "true":
+        raise UnsupportedSourceError(
+            f"the Delta stream reads with {_EVENT_TIME_ORDER}, which batches its first snapshot "
+            "by event time, not in the file order the audit replays; audit a stream without it."
         )
     path = paths[0] if paths else options.get("path")
     if not path:
@@ -228,6 +274,15 @@ def is_delta_source(relation: Any) -> bool:
 def delta_source_of(spark: Any, relation: Any) -> DeltaSourceSpec:
     """The Delta source a streaming relation reads, from its logical plan (classic PySpark
     only)."""
+    for key, what in (
+        (_EVENT_TIME_ORDER_CONF, "reads first snapshots by event time, not in file order"),
+        (_IGNORE_MISSING_FILES, "would skip a vacuumed file silently and audit its batch short"),
+    ):
+        if str(spark.conf.get(key, "false")).strip().lower() == "true":
+            raise UnsupportedSourceError(
+                f"the session sets {key}=true, which {what}; the audit replays Delta streams "
+                "with it off."
+            )
     ds = relation.dataSource()
     return delta_spec_of(
         SourceOptions(scala_map(spark, ds.options())),
@@ -244,12 +299,28 @@ def _found(spark: Any, events: Any, relation: Any, positions: list[int], plan_te
 
 
 @dataclass(frozen=True, slots=True)
-class DeltaBatch:
-    """What one batch read from the Delta table: its files and the table version whose schema
+class DeltaRead:
+    """What one batch read from the Delta table, as its offsets say: the files are worked out
+    when it is read again."""
+
+    batch_id: int
+    before: DeltaOffset | None
+    end: DeltaOffset
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaFiles:
+    """The files one batch read, as Delta's ``AddFile`` actions in JVM lists: one per version
+    they come from (the first snapshot's slice is one), and the newest version, whose schema
     and protocol read them."""
 
-    files: tuple[IndexedFile, ...]
+    groups: tuple[tuple[int, Any], ...] = field(repr=False)
     end_version: int
+    deletion_vectors: bool
+
+    @property
+    def versions(self) -> set[int]:
+        return {version for version, _ in self.groups}
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +330,14 @@ class DeltaBatchSource:
     spec: DeltaSourceSpec
     index: int
     spark: Any = field(compare=False, repr=False)
+    # the snapshots read recently, by version (at most two: the first snapshot, whose slices
+    # many batches read, and the newest), so that each batch does not rebuild them
+    _snapshots: dict[int, Any] = field(default_factory=dict, compare=False, repr=False)
+    # the last file of the snapshot slice read last: (version, index, modificationTime, path),
+    # where the next batch's slice starts
+    _cursor: list[tuple[int, int, int, str]] = field(
+        default_factory=list, compare=False, repr=False
+    )
 
     @property
     def source_index(self) -> int:
@@ -270,7 +349,7 @@ class DeltaBatchSource:
             self.spark._jsparkSession, self.spec.path
         )
 
-    def batch_input(self, checkpoint: CheckpointReader, batch_id: int) -> DeltaBatch | None:
+    def batch_input(self, checkpoint: CheckpointReader, batch_id: int) -> DeltaRead | None:
         end_entry = checkpoint.offsets(batch_id)
         if end_entry is None:
             raise CheckpointEntryGone(
@@ -286,15 +365,117 @@ class DeltaBatchSource:
         before = parse_delta_offset(before_text, "start") if before_text is not None else None
         if before is not None and (before.version, before.index) == (end.version, end.index):
             return None  # the batch read nothing new from this table
+        return DeltaRead(batch_id, before, end)
+
+    def files_of(self, what: DeltaRead) -> DeltaFiles | None:
+        """The files the batch read, in the stream's order; None when it read none (a batch
+        of ``OPTIMIZE``, whose commit adds no data). Checks first that the table is the one
+        the stream read."""
         starting_version = self.spec.starting_version
-        if before is None and self.spec.starting_timestamp is not None:
+        if what.before is None and self.spec.starting_timestamp is not None:
             starting_version = self._version_at(self.spec.starting_timestamp)
-        start = batch_start(before, end, starting_version)
-        files = in_range(self._sequence(start, end), start, end)
-        self._check_present(batch_id, files)
-        # the end can stand before a version not yet committed (index -1): read the files at
-        # the newest version they come from
-        return DeltaBatch(tuple(files), max(f.version for f in files)) if files else None
+        start = batch_start(what.before, what.end, starting_version)
+        log = self._log()
+        groups: list[tuple[int, Any]] = []
+        first_commit = start.version
+        if start.initial_snapshot:
+            snapshot = self._snapshot(log, start.version, "its first snapshot")
+            self._same_table(snapshot, what)
+            adds = self._snapshot_slice(snapshot, start, what.end)
+            if adds.size() > 0:
+                groups.append((start.version, adds))
+            first_commit = start.version + 1
+        with_dv = False
+        if first_commit <= what.end.version:
+            jvm = self.spark.sparkContext._jvm
+            committed = in_range(self._commits(log, first_commit, what.end), start, what.end)
+            by_version: dict[int, Any] = {}
+            for f in committed:
+                with_dv = with_dv or f.action.deletionVector() is not None
+                by_version.setdefault(f.version, jvm.java.util.ArrayList()).add(f.action)
+            groups.extend(sorted(by_version.items()))
+        if not groups:
+            return None
+        end_version = max(version for version, _ in groups)
+        if not start.initial_snapshot:
+            self._same_table(self._snapshot(log, end_version, "the batch's version"), what)
+        return DeltaFiles(tuple(groups), end_version, with_dv)
+
+    def _same_table(self, snapshot: Any, what: DeltaRead) -> None:
+        """The table at the path must be the one the stream read (its id, in the offsets)."""
+        wanted = what.end.table_id
+        found = str(snapshot.metadata().id())
+        if wanted is not None and found != wanted:
+            raise CheckpointEntryGone(
+                f"the Delta table at {self.spec.path} is not the table batch {what.batch_id} "
+                f"read (table id {wanted} in the checkpoint, {found} now): it was deleted and "
+                "created again at that path, or the audit was given another table's path, so "
+                "the batch's files cannot be read again"
+            )
+
+    def _snapshot(self, log: Any, version: int, what: str) -> Any:
+        """The table's snapshot at ``version``, kept for the next batches that read it."""
+        snapshot = self._snapshots.get(version)
+        if snapshot is not None:
+            return snapshot
+        jvm = self.spark.sparkContext._jvm
+        try:
+            snapshot = log.getSnapshotAt(
+                version, jvm.scala.Option.empty(), jvm.scala.Option.empty(), False
+            )
+        except Exception as exc:
+            raise CheckpointEntryGone(
+                f"the Delta table {self.spec.path} can no longer be read at version {version} "
+                f"({what}; removed by the log's retention, or the table replaced): "
+                f"{first_line(str(exc), 160)}"
+            ) from exc
+        if len(self._snapshots) >= 2:
+            self._snapshots.pop(min(self._snapshots))
+        self._snapshots[version] = snapshot
+        return snapshot
+
+    def _snapshot_slice(self, snapshot: Any, start: DeltaStart, end: DeltaOffset) -> Any:
+        """The first snapshot's files a batch read (``DeltaSourceSnapshot`` numbers them sorted
+        by ``(modificationTime, path)``), picked by Spark from the snapshot's file list: only
+        the batch's files reach the driver, as a JVM list of ``AddFile`` actions.
+
+        After the slice of the batch before, the next one is the files past its last file's
+        sort key (a scan keeping the smallest ``count``); otherwise the files are ranked once."""
+        from pyspark.sql import DataFrame, Window
+        from pyspark.sql import functions as F
+
+        after, count = snapshot_slice(start, end)
+        files = snapshot.allFiles()
+        frame = DataFrame(files.toDF(), self.spark)
+        order = [F.col("modificationTime"), F.col("path")]
+        cursor = self._cursor[0] if self._cursor else None
+        if after == BASE_INDEX:
+            chosen = frame.orderBy(*order)
+        elif cursor is not None and cursor[:2] == (start.version, after):
+            modified, path = cursor[2], cursor[3]
+            past = (F.col("modificationTime") > modified) | (
+                (F.col("modificationTime") == modified) & (F.col("path") > path)
+            )
+            chosen = frame.where(past).orderBy(*order)
+        else:
+            rank = F.row_number().over(Window.orderBy(*order)) - 1
+            chosen = (
+                frame.withColumn(_RANK_COL, rank)
+                .where(F.col(_RANK_COL) > after)
+                .orderBy(_RANK_COL)
+                .drop(_RANK_COL)
+            )
+        if count is not None:
+            chosen = chosen.limit(count)
+        adds = getattr(chosen._jdf, "as")(files.encoder()).collectAsList()
+        taken = int(adds.size())
+        self._cursor.clear()
+        if taken:
+            last = adds.get(taken - 1)
+            self._cursor.append(
+                (start.version, after + taken, int(last.modificationTime()), str(last.path()))
+            )
+        return adds
 
     def _version_at(self, timestamp: str) -> int:
         """The version a stream started with ``startingTimestamp=timestamp`` reads from, by
@@ -329,16 +510,9 @@ class DeltaBatchSource:
             ) from exc
         return int(version)
 
-    def _sequence(self, start: DeltaStart, end: DeltaOffset) -> Iterator[IndexedFile]:
-        """The files the stream reads from ``start``'s version to ``end``'s, numbered as
-        Delta numbers them."""
-        log = self._log()
-        first_commit = start.version
-        if start.initial_snapshot:
-            yield from _indexed(start.version, self._snapshot_files(log, start.version))
-            first_commit = start.version + 1
-        if first_commit > end.version:
-            return
+    def _commits(self, log: Any, first_commit: int, end: DeltaOffset) -> Iterator[IndexedFile]:
+        """The files the stream reads from the commits ``first_commit`` to ``end``'s version,
+        numbered as Delta numbers them."""
         jvm = self.spark.sparkContext._jvm
         try:
             changes = log.getChanges(first_commit, jvm.scala.Option.empty(), True)
@@ -369,72 +543,35 @@ class DeltaBatchSource:
                 ) from exc
             raise
 
-    def _snapshot_files(self, log: Any, version: int) -> list[Any]:
-        """The snapshot's files at ``version`` in the order the stream numbers them."""
-        jvm = self.spark.sparkContext._jvm
-        try:
-            snapshot = log.getSnapshotAt(
-                version, jvm.scala.Option.empty(), jvm.scala.Option.empty(), False
-            )
-        except Exception as exc:
-            raise CheckpointEntryGone(
-                f"the Delta table {self.spec.path} can no longer be read at version {version} "
-                f"(its first snapshot): {first_line(str(exc), 160)}"
-            ) from exc
-        files = list(snapshot.allFiles().collectAsList())
-        # DeltaSourceSnapshot numbers the snapshot's files sorted by (modificationTime, path)
-        return sorted(files, key=lambda f: (int(f.modificationTime()), str(f.path())))
-
-    def _check_present(self, batch_id: int, files: list[IndexedFile]) -> None:
-        """Every file of the batch must still exist: VACUUM removes files the table no longer
-        references, and a batch without one of its files would be counted short."""
-        if not files:
-            return
-        jvm = self.spark.sparkContext._jvm
-        root = jvm.org.apache.hadoop.fs.Path(self.spec.path)
-        fs = root.getFileSystem(self.spark._jsc.hadoopConfiguration())
-        for f in files:
-            # as Delta resolves an action's path: a URI, relative to the table unless absolute
-            relative = jvm.org.apache.hadoop.fs.Path(jvm.java.net.URI(f.path))
-            target = (
-                relative if relative.isAbsolute() else jvm.org.apache.hadoop.fs.Path(root, relative)
-            )
-            if not fs.exists(target):
-                raise CheckpointEntryGone(
-                    f"the Delta table's file {f.path} that batch {batch_id} read (version "
-                    f"{f.version}) is gone (removed by VACUUM?), so the batch cannot be read "
-                    "again; keep delta.deletedFileRetentionDuration longer than the audit's lag"
-                )
-
     def read(self, spark: Any, what: Any) -> Any:
         """The batch's rows, read through Delta's own reader over exactly its files."""
         from pyspark.sql import DataFrame
         from pyspark.sql import functions as F
         from pyspark.sql.types import StructType
 
-        batch: DeltaBatch = what
+        # the stream's columns (its schema when it started; a column added since is not read)
+        fields = StructType.fromJson(json.loads(self.spec.schema_json)).fields
+        batch = self.files_of(what)
+        if batch is None:
+            return spark.createDataFrame([], StructType(fields)).withColumn(
+                SOURCE_FILE_COL, F.lit(None).cast("string")
+            )
         jvm = spark.sparkContext._jvm
         log = self._log()
-        snapshot = log.getSnapshotAt(
-            batch.end_version, jvm.scala.Option.empty(), jvm.scala.Option.empty(), False
-        )
+        snapshot = self._snapshot(log, batch.end_version, "the batch's version")
         utils = jvm.org.apache.spark.api.python.PythonUtils
         # files with deletion vectors are read one version per scan, as the stream reads them
         # (one scan cannot hold one file twice with different vectors)
-        with_dv = any(f.action.deletionVector() is not None for f in batch.files)
-        groups: dict[int, list[IndexedFile]] = {}
-        for f in batch.files:
-            groups.setdefault(f.version if with_dv else 0, []).append(f)
-        # the stream's columns (its schema when it started; a column added since is not read)
-        fields = StructType.fromJson(json.loads(self.spec.schema_json)).fields
+        if batch.deletion_vectors:
+            scans = [adds for _, adds in batch.groups]
+        else:
+            together = jvm.java.util.ArrayList()
+            for _, adds in batch.groups:
+                together.addAll(adds)
+            scans = [together]
         frames = []
-        for group in groups.values():
-            actions = jvm.java.util.ArrayList()
-            for f in group:
-                actions.add(f.action)
-            jdf = log.createDataFrame(
-                snapshot, utils.toSeq(actions), False, jvm.scala.Option.empty()
-            )
+        for adds in scans:
+            jdf = log.createDataFrame(snapshot, utils.toSeq(adds), False, jvm.scala.Option.empty())
             frame = DataFrame(jdf, spark)
             frames.append(
                 frame.select(
@@ -446,6 +583,16 @@ class DeltaBatchSource:
         for frame in frames[1:]:
             result = result.unionByName(frame)
         return result
+
+    def after_read(self, spark: Any, what: Any, error: BaseException | None) -> None:
+        """A replay that failed on a data file that is gone: the batch is lost, not retried."""
+        if error is not None and file_gone(error, self.spec.path):
+            batch: DeltaRead = what
+            raise CheckpointEntryGone(
+                f"a data file of the Delta table that batch {batch.batch_id} read is gone "
+                "(removed by VACUUM?), so the batch cannot be read again; keep "
+                "delta.deletedFileRetentionDuration longer than the audit's lag"
+            ) from None
 
 
 def stream_columns(fields: Iterable[Any], present: set[str]) -> list[Any]:

@@ -222,6 +222,9 @@ class FileBatchSource:
         raw = reader.options(**options).load(paths)
         return raw.withColumn(SOURCE_FILE_COL, F.col("_metadata.file_path"))
 
+    def after_read(self, spark: Any, what: Any, error: BaseException | None) -> None:
+        return None  # files are immutable: a read that succeeded read the batch's rows
+
 
 def reader_path(logged: str) -> str:
     """A path from the source log (a URI: ``file:///in%20dir/a%5B1%5D.json``) as Spark's reader

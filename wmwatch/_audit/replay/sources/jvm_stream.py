@@ -114,6 +114,9 @@ class JvmStreamBatchSource:
         frame = DataFrame(spark._jsparkSession.internalCreateDataFrame(rdd, schema, False), spark)
         return frame.withColumn(SOURCE_FILE_COL, F.lit(None).cast("string"))
 
+    def after_read(self, spark: Any, what: Any, error: BaseException | None) -> None:
+        return None  # the stream's own reader over its own offsets: the same rows
+
 
 KIND = SourceKind(
     name="jvm_stream",

@@ -9,14 +9,25 @@ offsets); a partition missing from ``offsets/N-1`` was added since and was read 
 query's own options and the partitions named one by one (``assign``), so topics matched by a
 pattern or partitions added later are read as the batch read them.
 
-Records deleted (retention, ``deleteRecords``) before the audit reached them cannot be read
-again: before each read the partitions' earliest offsets are asked of the broker, and a batch
-that starts below them is counted lost with the reason (:class:`RecordsGone`), never audited
-from what is left. A Spark Connect client has no JVM to ask the broker with: there the first
-record of each partition's range is read with ``failOnDataLoss`` on, which Spark's reader
-fails with ``KAFKA_DATA_LOSS`` exactly when records below it were deleted (an offset that is
-merely invisible, a transaction marker, is skipped). On Connect the options come from the
-client's own plan of ``events`` and the source's position from the progress's description
+The checkpoint names offsets, not records: records deleted (retention, ``deleteRecords``),
+removed by compaction, or a topic deleted and created again under the same name all leave
+offsets that Spark's reader reads without complaint (a gap above the earliest offset is
+skipped even with ``failOnDataLoss``). Before each read, and again after it, the broker is
+asked (through the driver's JVM, with the query's client settings) for each topic's id,
+``cleanup.policy`` and each partition's earliest and latest offsets; a batch is counted lost
+with the reason (:class:`RecordsGone`), never audited from what is left, when its range starts
+below the earliest offset, ends past the latest, its topic or partition is gone, or the topic's
+id is not the one the audit first saw (kept in the history:
+:class:`~wmwatch._audit.replay.sources.base.IdentityBook`). A compacted topic's batch is read
+only when every offset of its range still holds a record (one count per partition). Spark's
+``KAFKA_DATA_LOSS`` failure of the replay itself counts the batch lost too.
+
+A Spark Connect client has no JVM to ask the broker with: there each partition's first and last
+record of the range are read with ``failOnDataLoss`` on, which Spark's reader fails with
+``KAFKA_DATA_LOSS`` exactly when records below the first were deleted or the partition ends
+before the last (an offset that is merely invisible, a transaction marker, is skipped); topic ids
+and compaction are not checked there. On Connect the options come from the client's own plan of
+``events`` and the source's position from the progress's description
 (``KafkaV2[Subscribe[clicks]]``). The query's options (``kafka.*`` security settings among
 them) stay in memory; what is logged or stored names only the topics.
 """
@@ -25,7 +36,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +46,9 @@ from wmwatch._audit.replay.sources.base import (
     SOURCE_POSITION_COL,
     ConnectFound,
     Found,
+    IdentityBook,
+    MemoryIdentityBook,
+    SeenIdentity,
     SourceKind,
     SourceOptions,
 )
@@ -49,6 +63,9 @@ from wmwatch._checkpoint.reader import (
 from wmwatch._core.sessions import is_connect
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError
+from wmwatch._text import get_logger
+
+log = get_logger("wmwatch.audit")
 
 # Options of the streaming reader that a batch read refuses or that mean nothing there.
 _STREAM_ONLY = (
@@ -70,9 +87,15 @@ _STREAM_ONLY = (
     "path",
 )
 _SUBSCRIPTIONS = ("subscribe", "subscribePattern", "assign")
-# Settings of the admin client that asks the broker for earliest offsets; the rest of the
+# Settings of the admin client that asks the broker about the batch's topics; the rest of the
 # query's ``kafka.*`` settings (security) are passed as they are.
 _ADMIN_TIMEOUT_MS = "10000"
+# A broker older than Kafka 2.8 gives every topic this id (Uuid.ZERO_UUID): no id at all
+_NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
+# How long Connect's probe of a partition's last record waits for it: a record that exists is
+# fetched at once, one past the partition's end is waited for this long before Spark's reader
+# calls it lost (the reader's default is spark.network.timeout, 120 s)
+_PROBE_POLL_TIMEOUT_MS = "5000"
 _KAFKA_TABLE = "KafkaSourceProvider$KafkaTable"
 # Spark's error condition for records that are not in Kafka any more, and its message (a
 # task's failure reaches a Connect client as a stage failure that quotes only the message)
@@ -89,7 +112,8 @@ _MAX_PARTITION = 2**31 - 1
 
 
 class RecordsGone(CheckpointEntryGone):
-    """Records of a batch were deleted from Kafka before the audit read them again."""
+    """Records of a batch are not in Kafka as the batch read them (deleted, compacted, or their
+    topic replaced): the batch is counted lost with the reason."""
 
 
 def is_kafka_source(relation: Any) -> bool:
@@ -224,16 +248,78 @@ def batch_ranges(start: Offsets, end: Offsets) -> dict[str, dict[int, tuple[int,
     return ranges
 
 
-def gone_below(
-    ranges: Mapping[str, Mapping[int, tuple[int, int]]], earliest: Mapping[tuple[str, int], int]
+@dataclass(frozen=True, slots=True)
+class TopicState:
+    """A topic as the broker describes it now: its id (None when the broker gives none, before
+    Kafka 2.8), whether it is compacted (None when its ``cleanup.policy`` could not be read),
+    and each partition's earliest and latest offset (a partition missing here does not exist)."""
+
+    exists: bool
+    topic_id: str | None = None
+    compacted: bool | None = None
+    earliest: Mapping[int, int] = field(default_factory=dict)
+    latest: Mapping[int, int] = field(default_factory=dict)
+
+
+def records_gone(
+    ranges: Mapping[str, Mapping[int, tuple[int, int]]], states: Mapping[str, TopicState]
 ) -> list[str]:
-    """The partitions whose range starts below the broker's earliest offset now, as text."""
-    return [
-        f"{topic}-{partition} from {begin} (earliest now {earliest[(topic, partition)]})"
-        for topic, parts in sorted(ranges.items())
-        for partition, (begin, _) in sorted(parts.items())
-        if earliest.get((topic, partition), 0) > begin
-    ]
+    """Where a batch's records are no longer all in Kafka, partition by partition, as text:
+    a topic or partition that does not exist, a range that starts below the earliest offset
+    (retention, ``deleteRecords``) or ends past the latest (the topic deleted and created again
+    with fewer records, or its log truncated)."""
+    gone = []
+    for topic, parts in sorted(ranges.items()):
+        state = states.get(topic, TopicState(exists=False))
+        if not state.exists:
+            gone.append(f"topic {topic} does not exist now")
+            continue
+        for partition, (begin, until) in sorted(parts.items()):
+            name = f"{topic}-{partition}"
+            if partition not in state.latest:
+                gone.append(f"{name} does not exist now")
+            elif state.earliest.get(partition, 0) > begin:
+                gone.append(f"{name} from {begin} (earliest now {state.earliest[partition]})")
+            elif state.latest[partition] < until:
+                gone.append(f"{name} to {until} (the partition ends at {state.latest[partition]})")
+    return gone
+
+
+def check_identity(
+    book: IdentityBook,
+    source_index: int,
+    topic: str,
+    topic_id: str,
+    batch_id: int,
+    newest_batch: Callable[[], int],
+) -> str | None:
+    """Why batch ``batch_id`` cannot be shown to have read the topic whose id is ``topic_id``
+    now, or None; records what the audit sees.
+
+    Topic ids are never reused, so the same id seen before a batch was planned and after it was
+    read proves the batch read this topic. The first id seen is recorded with the first batch
+    planned after it (``newest_batch() + 1``): earlier batches were planned before the audit
+    looked, and nothing proves which topic they read. Another id than the one recorded means
+    the topic was deleted and created again: this batch is lost, and so is every batch planned
+    before the audit saw the new id (it may have read either)."""
+    seen = book.seen(source_index, topic)
+    if seen is None:
+        book.record(source_index, topic, SeenIdentity(topic_id, newest_batch() + 1))
+        return None
+    if seen.identity != topic_id:
+        book.record(source_index, topic, SeenIdentity(topic_id, newest_batch() + 1, True))
+        return (
+            f"topic {topic} was deleted and created again since the audit first read it "
+            f"(id {seen.identity} then, {topic_id} now): the records batch {batch_id} read "
+            "are gone"
+        )
+    if seen.replaced and batch_id < seen.since_batch:
+        return (
+            f"topic {topic} was deleted and created again (id {topic_id} from batch "
+            f"{seen.since_batch} on): batch {batch_id} was planned before the audit saw the new "
+            "topic, so which of the two it read is unknown"
+        )
+    return None
 
 
 def _initial_offsets(checkpoint: CheckpointReader, index: int) -> str:
@@ -249,11 +335,9 @@ def _initial_offsets(checkpoint: CheckpointReader, index: int) -> str:
     return lines[1]
 
 
-def _earliest_offsets(
-    spark: Any, options: Mapping[str, str], partitions: list[tuple[str, int]], timeout_s: float
-) -> dict[tuple[str, int], int]:
-    """The broker's earliest offset of each partition now, asked with the query's own client
-    settings (through the driver's JVM, where Spark's connector brings the Kafka client)."""
+def _admin(spark: Any, options: Mapping[str, str]) -> Any:
+    """A Kafka admin client in the driver's JVM (Spark's connector brings the Kafka client),
+    with the query's own client settings and bounded request times."""
     jvm = spark.sparkContext._jvm
     props = jvm.java.util.Properties()
     for key, value in options.items():
@@ -261,26 +345,123 @@ def _earliest_offsets(
             props.setProperty(key[len("kafka.") :], value)
     for key in ("default.api.timeout.ms", "request.timeout.ms"):
         props.setProperty(key, _ADMIN_TIMEOUT_MS)
-    admin_pkg = jvm.org.apache.kafka.clients.admin
-    admin = admin_pkg.Admin.create(props)
+    return jvm.org.apache.kafka.clients.admin.Admin.create(props)
+
+
+def broker_state(
+    spark: Any,
+    options: Mapping[str, str],
+    ranges: Mapping[str, Mapping[int, tuple[int, int]]],
+    timeout_s: float,
+    *,
+    policies: bool = True,
+) -> dict[str, TopicState]:
+    """What the broker says now of the topics ``ranges`` reads (one admin client, closed after):
+    ids and partitions, earliest and latest offsets, and ``cleanup.policy`` when ``policies``."""
+    jvm = spark.sparkContext._jvm
+    unit = jvm.java.util.concurrent.TimeUnit.MILLISECONDS
+    wait_ms = int(timeout_s * 1000)
+    admin = _admin(spark, options)
     try:
-        wanted = jvm.java.util.HashMap()
-        for topic, partition in partitions:
-            wanted.put(
-                jvm.org.apache.kafka.common.TopicPartition(topic, partition),
-                admin_pkg.OffsetSpec.earliest(),
+        described = dict(admin.describeTopics(sorted(ranges)).topicNameValues())
+        states: dict[str, TopicState] = {}
+        partitions: dict[str, set[int]] = {}
+        for topic in sorted(ranges):
+            try:
+                description = described[topic].get(wait_ms, unit)
+            except Exception as exc:
+                if "UnknownTopicOrPartition" not in str(exc):
+                    raise
+                states[topic] = TopicState(exists=False)
+                continue
+            topic_id = str(description.topicId().toString())
+            states[topic] = TopicState(True, None if topic_id == _NO_TOPIC_ID else topic_id)
+            partitions[topic] = {int(p.partition()) for p in description.partitions()}
+        compacted = _compaction(jvm, admin, sorted(partitions), wait_ms) if policies else {}
+        wanted = [
+            (t, p) for t, parts in ranges.items() for p in parts if p in partitions.get(t, ())
+        ]
+        earliest = _offsets(jvm, admin, wanted, "earliest", wait_ms)
+        latest = _offsets(jvm, admin, wanted, "latest", wait_ms)
+        for topic in partitions:
+            states[topic] = TopicState(
+                True,
+                states[topic].topic_id,
+                compacted.get(topic),
+                {p: o for (t, p), o in earliest.items() if t == topic},
+                {p: o for (t, p), o in latest.items() if t == topic},
             )
-        found = (
-            admin.listOffsets(wanted)
-            .all()
-            .get(int(timeout_s * 1000), jvm.java.util.concurrent.TimeUnit.MILLISECONDS)
-        )
-        return {
-            (str(tp.topic()), int(tp.partition())): int(info.offset())
-            for tp, info in dict(found).items()
-        }
+        return states
     finally:
         admin.close(jvm.java.time.Duration.ofSeconds(5))
+
+
+def _compaction(jvm: Any, admin: Any, topics: list[str], wait_ms: int) -> dict[str, bool]:
+    """Whether each topic's ``cleanup.policy`` compacts; none known when the broker does not
+    say (an ACL without DescribeConfigs), which the caller treats as maybe compacted."""
+    if not topics:
+        return {}
+    resource = jvm.org.apache.kafka.common.config.ConfigResource
+    wanted = {topic: resource(resource.Type.TOPIC, topic) for topic in topics}
+    try:
+        configs = dict(
+            admin.describeConfigs(list(wanted.values()))
+            .all()
+            .get(wait_ms, jvm.java.util.concurrent.TimeUnit.MILLISECONDS)
+        )
+    except Exception as exc:  # noqa: BLE001 - any refusal: the policy stays unknown
+        log.info("wmwatch: the broker gave no cleanup.policy (%s)", type(exc).__name__)
+        return {}
+    policies = {}
+    for topic, key in wanted.items():
+        entry = configs[key].get("cleanup.policy") if key in configs else None
+        if entry is not None:
+            policies[topic] = "compact" in str(entry.value()).lower()
+    return policies
+
+
+def _offsets(
+    jvm: Any, admin: Any, partitions: list[tuple[str, int]], which: str, wait_ms: int
+) -> dict[tuple[str, int], int]:
+    """Each partition's ``earliest`` or ``latest`` offset now."""
+    if not partitions:
+        return {}
+    spec = jvm.org.apache.kafka.clients.admin.OffsetSpec
+    wanted = jvm.java.util.HashMap()
+    for topic, partition in partitions:
+        wanted.put(
+            jvm.org.apache.kafka.common.TopicPartition(topic, partition),
+            spec.earliest() if which == "earliest" else spec.latest(),
+        )
+    found = (
+        admin.listOffsets(wanted).all().get(wait_ms, jvm.java.util.concurrent.TimeUnit.MILLISECONDS)
+    )
+    return {
+        (str(tp.topic()), int(tp.partition())): int(info.offset())
+        for tp, info in dict(found).items()
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaBatch:
+    """What one batch read from a Kafka source: the logged offsets around it, and the
+    checkpoint (to learn which batches it holds when an identity is first seen)."""
+
+    batch_id: int
+    start: str
+    end: str
+    checkpoint: CheckpointReader = field(compare=False, repr=False)
+
+    @property
+    def ranges(self) -> dict[str, dict[int, tuple[int, int]]]:
+        return batch_ranges(
+            parse_kafka_offsets(self.start, "start"), parse_kafka_offsets(self.end, "end")
+        )
+
+    def newest_batch(self) -> int:
+        """The newest batch the checkpoint holds (planned, maybe not committed)."""
+        planned = self.checkpoint.offset_batches()
+        return max(planned[-1], self.batch_id) if planned else self.batch_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,42 +470,67 @@ class KafkaBatchSource:
 
     spec: KafkaSourceSpec
     index: int
-    # the broker is asked at most this long for earliest offsets (a broker that is down makes
-    # the read fail; the audit retries later)
+    # the broker is asked at most this long about the batch's topics (a broker that is down
+    # makes the read fail; the audit retries later)
     broker_timeout_seconds: float = 30.0
+    # what the audit saw of its topics' ids (the history's, handed over when the audit starts)
+    _book: list[IdentityBook] = field(
+        default_factory=lambda: [MemoryIdentityBook()], compare=False, repr=False
+    )
+    # compacted topics already named in the log
+    _compacted_named: set[str] = field(default_factory=set, compare=False, repr=False)
 
     @property
     def source_index(self) -> int:
         return self.index
 
-    def batch_input(self, checkpoint: CheckpointReader, batch_id: int) -> tuple[str, str] | None:
+    def remember_with(self, book: IdentityBook) -> None:
+        self._book[0] = book
+
+    def batch_input(self, checkpoint: CheckpointReader, batch_id: int) -> KafkaBatch | None:
         logged = logged_offsets(
             checkpoint, batch_id, self.index, lambda: _initial_offsets(checkpoint, self.index)
         )
         if logged is None:
             return None
-        start, end = logged
-        ranges = batch_ranges(parse_kafka_offsets(start, "start"), parse_kafka_offsets(end, "end"))
+        batch = KafkaBatch(batch_id, logged[0], logged[1], checkpoint)
         # a partition added without records changes the line but reads nothing
-        return logged if ranges else None
+        return batch if batch.ranges else None
 
     def read(self, spark: Any, what: Any) -> Any:
         """The batch's records again, as Spark's Kafka reader gives them; :class:`RecordsGone`
-        when some were deleted since."""
+        when they are not all in Kafka as the batch read them."""
         from pyspark.sql import functions as F
 
-        start, end = what
-        ranges = batch_ranges(parse_kafka_offsets(start, "start"), parse_kafka_offsets(end, "end"))
+        batch: KafkaBatch = what
+        ranges = batch.ranges
         if is_connect(spark):
-            self._first_records_readable(spark, ranges)
+            self._ends_readable(spark, ranges)
         else:
-            self._not_deleted(spark, ranges)
-        fail_on_loss = self.spec.options.get("failOnDataLoss", "true")
-        # as the query: records deleted during the read fail it (then retried and found gone)
+            self._broker_agrees(spark, batch, count_compacted=True)
+        fail_on_loss = self.spec.options.get("failOnDataLoss") or "true"
+        # as the query: records deleted during the read fail it (then found lost)
         frame = self._reader(spark, ranges, fail_on_loss).load()
         return frame.withColumn(SOURCE_FILE_COL, F.lit(None).cast("string")).withColumn(
             SOURCE_POSITION_COL, F.to_json(F.struct("topic", "partition", "offset"))
         )
+
+    def after_read(self, spark: Any, what: Any, error: BaseException | None) -> None:
+        """Spark's reader failed with ``KAFKA_DATA_LOSS``: the batch is lost, not retried; it
+        succeeded: the broker is asked again, so that a topic deleted, truncated or replaced
+        while the replay read it does not pass (classic PySpark)."""
+        batch: KafkaBatch = what
+        if error is not None:
+            if is_data_loss(error):
+                raise RecordsGone(
+                    "Spark's Kafka reader found records of the batch missing while it read them "
+                    f"again (KAFKA_DATA_LOSS) in {', '.join(sorted(batch.ranges))}: deleted, "
+                    "compacted or replaced before the audit reached them; keep records longer "
+                    "than the audit's lag"
+                ) from None
+            return
+        if not is_connect(spark):
+            self._broker_agrees(spark, batch, count_compacted=False)
 
     def _reader(
         self, spark: Any, ranges: Mapping[str, Mapping[int, tuple[int, int]]], fail_on_loss: str
@@ -340,46 +546,116 @@ class KafkaBatchSource:
             .option("failOnDataLoss", fail_on_loss)
         )
 
-    def _not_deleted(self, spark: Any, ranges: Mapping[str, Mapping[int, tuple[int, int]]]) -> None:
-        """Classic PySpark: the broker's earliest offsets, asked through the driver's JVM."""
-        partitions = [(t, p) for t, parts in ranges.items() for p in parts]
+    def _broker_agrees(self, spark: Any, batch: KafkaBatch, *, count_compacted: bool) -> None:
+        """Classic PySpark: the broker's view of the batch's topics, through the driver's JVM;
+        :class:`RecordsGone` when the batch's records are not all there as it read them."""
+        ranges = batch.ranges
         try:
-            earliest = _earliest_offsets(
-                spark, self.spec.options, partitions, self.broker_timeout_seconds
+            states = broker_state(
+                spark,
+                self.spec.options,
+                ranges,
+                self.broker_timeout_seconds,
+                policies=count_compacted,
             )
         except Exception as exc:  # noqa: BLE001 - whatever the broker or py4j raised, said once
             raise AuditError(
-                f"the Kafka broker did not give the earliest offsets of {self.spec.description} "
+                f"the Kafka broker did not describe the topics of {self.spec.description} "
                 f"({type(exc).__name__}); retrying later"
             ) from None
-        gone = gone_below(ranges, earliest)
+        for topic in sorted(ranges):
+            topic_id = states[topic].topic_id if topic in states else None
+            if topic_id is None:
+                continue  # gone, or a broker that gives no ids (before Kafka 2.8): offsets only
+            why = check_identity(
+                self._book[0], self.index, topic, topic_id, batch.batch_id, batch.newest_batch
+            )
+            if why is not None:
+                raise RecordsGone(why)
+        gone = records_gone(ranges, states)
         if gone:
             raise RecordsGone(_gone_reason(gone))
+        if count_compacted:
+            self._still_whole(spark, ranges, states)
 
-    def _first_records_readable(
+    def _still_whole(
+        self,
+        spark: Any,
+        ranges: Mapping[str, Mapping[int, tuple[int, int]]],
+        states: Mapping[str, TopicState],
+    ) -> None:
+        """A compacted topic (or one whose policy is unknown) keeps only the newest record of
+        each key, removing others anywhere above the earliest offset, and Spark's reader skips
+        the gaps silently: the batch is read only when every offset of its range still holds a
+        record (one count per partition, a small job under the replay's deadline)."""
+        maybe = {t: ranges[t] for t in ranges if states[t].compacted is not False}
+        if not maybe:
+            return
+        for topic in sorted(maybe):
+            if topic not in self._compacted_named:
+                self._compacted_named.add(topic)
+                log.warning(
+                    "wmwatch: audit of %s: topic %s is compacted%s: a batch is audited only "
+                    "when every offset of its range still holds a record, else counted lost",
+                    self.spec.description,
+                    topic,
+                    "" if states[topic].compacted else " (or its cleanup.policy is unreadable)",
+                )
+        counted = {
+            (str(r["topic"]), int(r["partition"])): int(r["count"])
+            for r in self._reader(spark, maybe, "false")
+            .load()
+            .groupBy("topic", "partition")
+            .count()
+            .collect()
+        }
+        short = [
+            f"{t}-{p} holds {counted.get((t, p), 0)} of the {until - begin} records of "
+            f"[{begin}, {until})"
+            for t, parts in sorted(maybe.items())
+            for p, (begin, until) in sorted(parts.items())
+            if counted.get((t, p), 0) < until - begin
+        ]
+        if short:
+            raise RecordsGone(
+                "compaction (cleanup.policy=compact) removed records the batch read, or "
+                f"transaction markers hold some of its offsets: {'; '.join(short[:5])}; what the "
+                "batch dropped cannot be rebuilt from what is left"
+            )
+
+    def _ends_readable(
         self, spark: Any, ranges: Mapping[str, Mapping[int, tuple[int, int]]]
     ) -> None:
-        """Spark Connect: each partition's first record of the batch read with
-        ``failOnDataLoss`` on, which fails with ``KAFKA_DATA_LOSS`` when it was deleted."""
+        """Spark Connect: each partition's first and last record of the batch read with
+        ``failOnDataLoss`` on, which fails with ``KAFKA_DATA_LOSS`` when records below the
+        first were deleted or the partition ends before the last."""
         first = {t: {p: (b, b + 1) for p, (b, _) in parts.items()} for t, parts in ranges.items()}
+        last = {t: {p: (u - 1, u) for p, (_, u) in parts.items()} for t, parts in ranges.items()}
         try:
             with bounded_job(
                 spark,
-                description=f"wmwatch audit: first records of {self.spec.description}",
+                description=f"wmwatch audit: first and last records of {self.spec.description}",
                 timeout_seconds=self.broker_timeout_seconds,
             ):
-                self._reader(spark, first, "true").load().select("partition").collect()
+                probes = [
+                    self._reader(spark, probe, "true")
+                    .option("kafkaConsumer.pollTimeoutMs", _PROBE_POLL_TIMEOUT_MS)
+                    .load()
+                    .select("partition")
+                    for probe in (first, last)
+                ]
+                probes[0].union(probes[1]).collect()
         except Exception as exc:  # noqa: BLE001 - py4j and Connect raise many kinds; sorted below
             if is_data_loss(exc):
-                starts = [
-                    f"{t}-{p} from {b}"
+                ends = [
+                    f"{t}-{p} [{b}, {u})"
                     for t, parts in sorted(ranges.items())
-                    for p, (b, _) in sorted(parts.items())
+                    for p, (b, u) in sorted(parts.items())
                 ]
-                raise RecordsGone(_gone_reason(starts, some=True)) from None
+                raise RecordsGone(_gone_reason(ends, some=True)) from None
             raise AuditError(
-                f"the Kafka broker did not give the first records of {self.spec.description} "
-                f"({type(exc).__name__}); retrying later"
+                f"the Kafka broker did not give the first and last records of "
+                f"{self.spec.description} ({type(exc).__name__}); retrying later"
             ) from None
 
 
@@ -395,8 +671,9 @@ def is_data_loss(exc: BaseException) -> bool:
 def _gone_reason(partitions: list[str], *, some: bool = False) -> str:
     where = "some of " if some else ""
     return (
-        "its Kafka records were deleted (retention or deleteRecords) before the audit read them "
-        f"again: {where}{'; '.join(partitions[:5])}; keep records longer than the audit's lag"
+        "its Kafka records were deleted (retention or deleteRecords) or their topic deleted, "
+        f"truncated or created again before the audit read them: {where}"
+        f"{'; '.join(partitions[:5])}; keep records longer than the audit's lag"
     )
 
 
