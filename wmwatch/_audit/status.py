@@ -10,7 +10,9 @@ from typing import Any
 from wmwatch._audit.replay.engine import ReplayInput
 from wmwatch._audit.replay.sources.base import UnreplayableSource
 from wmwatch._audit.sinks import BatchLateRows
-from wmwatch._text import error_line
+from wmwatch._text import clean, error_line
+
+_MAX_REASON_CHARS = 1000
 
 
 @dataclass
@@ -70,7 +72,8 @@ class AuditCounters:
         self.batches_lost += len(batch_ids)
         previous = [] if self.last_lost_batch is None else [self.last_lost_batch]
         self.last_lost_batch = max(batch_ids + previous)
-        self.last_lost_reason = reason
+        # the reason quotes checkpoint paths and exceptions: cleaned as it enters the status
+        self.last_lost_reason = clean(reason, _MAX_REASON_CHARS)
 
     def add_error(self, exc: BaseException) -> None:
         self.errors += 1

@@ -17,11 +17,13 @@ from typing import Annotated, Any
 
 import typer
 
+from wmwatch._cli import echo
+
 FORMATS = ("table", "json", "csv", "html")
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    typer.echo(f"wmwatch report: {message}", err=True)
+    echo(f"wmwatch report: {message}", err=True)
     return typer.Exit(code)
 
 

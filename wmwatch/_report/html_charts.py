@@ -470,9 +470,8 @@ def _style() -> Iterator[None]:
             "axes.spines.top": False,
             "axes.spines.right": False,
             "path.simplify": True,
-            # names come from the history: "$a$" in a query or source name is text, not TeX
-            # (mathtext would typeset it, or fail the whole page on "$\\frac")
-            "text.parse_math": False,
+            # mathtext stays on: the log axis draws its ticks with it (10 with a superscript);
+            # text from the history is kept out of it where it is drawn (see _legend)
             "text.usetex": False,
         }
     ):
@@ -513,9 +512,15 @@ def _series(
 
 
 def _legend(ax: Axes, **options: Any) -> None:
-    """A legend, when something is drawn with a label (matplotlib warns on an empty one)."""
+    """A legend, when something is drawn with a label (matplotlib warns on an empty one).
+
+    Legends are where text from the history (operator, source and query names, the watermark
+    policy) is drawn: each of their texts is taken literally, so "$a$" in a name is text, not
+    TeX (mathtext would typeset it, or fail the whole page on "$\\frac$")."""
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(**options)
+        legend = ax.legend(**options)
+        for text in (*legend.get_texts(), legend.get_title()):
+            text.set_parse_math(False)
 
 
 def _restarts(ax: Axes, h: QueryHistory) -> None:

@@ -40,6 +40,7 @@ from wmwatch._audit.replay.sources.base import (
 from wmwatch._checkpoint.reader import (
     CheckpointEntryGone,
     CheckpointReader,
+    describe_text,
     logged_offsets,
     parse_offset_json,
 )
@@ -198,7 +199,7 @@ def parse_kafka_offsets(text: str, what: str) -> Offsets:
         }
     except (AttributeError, TypeError, ValueError) as exc:
         raise AuditError(
-            f"the {what} offset {text[:80]!r} is not a Kafka offset line "
+            f"the {what} offset ({describe_text(text)}) is not a Kafka offset line "
             '({"topic":{"0":123}}); the checkpoint is not this source\'s.'
         ) from exc
 
