@@ -612,14 +612,17 @@ def _svg(fig: Figure, salt: str) -> str:
         warnings.filterwarnings("ignore", "AutoDateLocator was unable", UserWarning)
         fig.savefig(out, format="svg", metadata={"Date": None})
     text = out.getvalue()
-    # inline in HTML: drop the XML prolog, DOCTYPE and the RDF metadata, keep the drawing
+    # inline in HTML: drop the XML prolog, DOCTYPE and the RDF metadata, keep the drawing;
+    # and the comments matplotlib writes before each text (its source: TeX for a log axis)
     text = text[text.index("<svg") :]
     text = re.sub(r"\s*<metadata>.*?</metadata>", "", text, count=1, flags=re.DOTALL)
+    text = _COMMENT.sub("", text)
     # path data to 0.1 pt (a tenth of a pixel) and one line: about half the bytes
     return _PATH_DATA.sub(_round_path, text)
 
 
 _PATH_DATA = re.compile(r'(?<= d=")[^"]*')
+_COMMENT = re.compile(r"\s*<!--.*?-->", re.DOTALL)
 _DECIMALS = re.compile(r"(-?\d+\.\d)\d+")
 
 
