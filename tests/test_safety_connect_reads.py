@@ -1,6 +1,8 @@
 """A checkpoint read through a Spark Connect server has the classic reader's bounds: regular
-files only, at most 256 MiB each, anything else a damaged checkpoint (the batch is counted lost
-with the reason, never retried forever), and no file's text quoted in an error.
+files only (a folder or a FIFO where a file belongs is a damaged checkpoint, and the FIFO is
+never opened), at most 256 MiB each (a larger one is refused on its length, never read), and no
+file's text quoted in an error. A damaged file costs its batch (counted lost with the reason),
+never a retry forever.
 
 Run on a real Connect server by ``tests/test_connect_suite.py`` (the checkpoint is on the
 server's filesystem, which here is this machine's).
@@ -55,7 +57,7 @@ def test_connect_checkpoint_reads_take_regular_files_within_the_bound_only(
     shadow = tmp_path / "shadow"
     shadow.write_text(SHADOW + "\n")
     (offsets / "3").symlink_to(shadow)
-    # 4: a FIFO (its length says 0; opening it would block the reading task)
+    # 4: a FIFO (opening it would block the reading task until a writer comes)
     os.mkfifo(offsets / "4")
     reader = CheckpointReader(f"file://{root}", SessionFileSystem(spark, timeout_seconds=60))
 
@@ -74,4 +76,7 @@ def test_connect_checkpoint_reads_take_regular_files_within_the_bound_only(
         reader.offsets(3)
     assert "Qx7sEcReT" not in str(linked.value) and "root:" not in str(linked.value)
 
-    assert reader.fs.read_text(f"file://{offsets}/4") == ""  # never opened: no hang
+    started = time.monotonic()
+    with pytest.raises(CheckpointDamaged, match="is not a regular file; the checkpoint is damaged"):
+        reader.offsets(4)
+    assert time.monotonic() - started < 60  # never opened: no hang

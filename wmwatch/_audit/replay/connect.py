@@ -207,7 +207,7 @@ class SessionFileSystem:
         try:
             files = self._spark.read.format("binaryFile").load(path)
             # binaryFile hands a filter on length to its reader, which then never opens a file
-            # past the bound, nor one of length 0 (a FIFO says 0, and opening it would block)
+            # past the bound, nor an empty one (a FIFO's length reads 0; opening it blocks)
             length = F.col("length")
             within = (length > 0) & (length <= F.lit(MAX_FILE_BYTES).cast("bigint"))
             with bounded_job(
