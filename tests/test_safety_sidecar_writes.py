@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests import sidecar_defs
-from tests.helpers import write_events
+from tests.helpers import sidecar_args, write_events
 from tests.sidecar_defs import IN_VARIABLE
 from tests.sidecar_driver import many_files
 from tests.test_safety_files import one_line
@@ -107,21 +107,7 @@ def test_a_checkpoint_whose_query_id_is_a_path_is_refused_and_nothing_is_written
     assert _tree(tmp_path / "home") == before  # no batch-* folder anywhere, every mode as it was
 
     # the command line refuses it before a JVM is asked for anything
-    result = runner.invoke(
-        app,
-        [
-            "sidecar",
-            "--checkpoint",
-            str(checkpoint),
-            "--events",
-            "tests.sidecar_defs:events",
-            "--query",
-            "tests.sidecar_defs:dedupe",
-            "--db",
-            str(tmp_path / "side.duckdb"),
-            "--once",
-        ],
-    )
+    result = runner.invoke(app, sidecar_args(checkpoint, tmp_path / "side.duckdb", "--once"))
     assert result.exit_code == 2
     line = one_line(result.stderr)
     assert "metadata holds" in line and "checkpoint is damaged" in line, line

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests import sidecar_defs
-from tests.helpers import write_events
+from tests.helpers import sidecar_args, write_events
 from tests.sidecar_defs import IN_VARIABLE
 from tests.sidecar_driver import many_files
 from wmwatch._checkpoint.reader import CheckpointReader
@@ -120,20 +120,7 @@ def test_names_paths_and_linked_files_reach_no_terminal_or_log_uncleaned(
     assert status["query"] == clean(NAME)
 
     # the sidecar, through the command line: its JSON lines and its status line
-    command = [
-        "sidecar",
-        "--checkpoint",
-        str(checkpoint),
-        "--events",
-        "tests.sidecar_defs:events",
-        "--query",
-        "tests.sidecar_defs:dedupe",
-        "--db",
-        str(tmp_path / "side.duckdb"),
-        "--name",
-        NAME,
-        "--once",
-    ]
+    command = sidecar_args(checkpoint, tmp_path / "side.duckdb", "--name", NAME, "--once")
     as_json = runner.invoke(app, [*command, "--json"])
     assert as_json.exit_code == 0, as_json.output
     _clean_output(as_json.output, where="sidecar --json")
@@ -182,18 +169,7 @@ def test_credentials_in_a_checkpoint_uri_are_never_printed(spark: Any, tmp_path:
     )
     sidecar = runner.invoke(
         app,
-        [
-            "sidecar",
-            "--checkpoint",
-            CREDENTIALS,
-            "--events",
-            "tests.sidecar_defs:events",
-            "--query",
-            "tests.sidecar_defs:dedupe",
-            "--db",
-            str(tmp_path / "side.duckdb"),
-            "--once",
-        ],
+        sidecar_args(CREDENTIALS, tmp_path / "side.duckdb", "--once"),
         env={IN_VARIABLE: str(tmp_path)},
     )
     for result, command in ((history, "checkpoint-history"), (sidecar, "sidecar")):

@@ -183,8 +183,8 @@ def clean(text: str, limit: int | None = None) -> str:
 
 def redact_json(value: Any, secret: bool = False) -> Any:
     """A decoded JSON ``value`` with every secret masked: the value of each key that names a
-    secret (whatever it holds), and secrets inside every string (keys included), as valid
-    UTF-8; non-finite numbers (which JSON cannot hold) become null."""
+    secret (whatever it holds), and every string (keys included) cleaned as :func:`clean`
+    cleans it; non-finite numbers (which JSON cannot hold) become null."""
     if isinstance(value, str):
         return REDACTED if secret else clean(value)
     if isinstance(value, Mapping):
