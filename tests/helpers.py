@@ -115,3 +115,20 @@ def py4j_calls(spark: Any) -> Iterator[list[int]]:
         yield count
     finally:
         del client.send_command
+
+
+def sidecar_args(checkpoint: str | os.PathLike[str], db: Path, *more: str) -> list[str]:
+    """``wmwatch sidecar`` over the definitions of :mod:`tests.sidecar_defs` (``dropDuplicates``
+    of ``$WMWATCH_SIDECAR_TEST_IN``), as its command line."""
+    return [
+        "sidecar",
+        "--checkpoint",
+        os.fspath(checkpoint),
+        "--events",
+        "tests.sidecar_defs:events",
+        "--query",
+        "tests.sidecar_defs:dedupe",
+        "--db",
+        str(db),
+        *more,
+    ]

@@ -29,6 +29,7 @@ from wmwatch._text import (
     _REDACTING,
     _SECRET_NAME,
     REDACTED,
+    clean,
     clean_json,
     error_line,
     get_logger,
@@ -174,9 +175,10 @@ _documents = st.recursive(
 
 
 def _assert_kept(original: Any, kept: Any) -> None:
-    """Every field that is no secret is kept as it was; every secret is masked."""
+    """Every field that is no secret is kept as it was, cleaned (no control characters); every
+    secret is masked."""
     if isinstance(original, dict):
-        assert isinstance(kept, dict) and set(kept) == {redact(k) for k in original}
+        assert isinstance(kept, dict) and set(kept) == {clean(k) for k in original}
         for key, value in original.items():
             if is_secret_name(key):
                 assert SECRET not in json.dumps(kept[key])
@@ -187,7 +189,7 @@ def _assert_kept(original: Any, kept: Any) -> None:
         for value, masked in zip(original, kept, strict=True):
             _assert_kept(value, masked)
     elif isinstance(original, str):
-        assert kept == redact(original) and SECRET not in kept
+        assert kept == clean(original) and SECRET not in kept
     else:
         assert kept == original
 
@@ -334,7 +336,7 @@ def test_error_lines_are_redacted() -> None:
 
 
 @pytest.mark.spark
-def test_spark_redact_masks_exactly_as_redact(spark: Any) -> None:
+def test_spark_redact_cleans_exactly_as_clean(spark: Any) -> None:
     from pyspark.sql import functions as F
 
     from wmwatch._text import spark_redact
@@ -343,10 +345,11 @@ def test_spark_redact_masks_exactly_as_redact(spark: Any) -> None:
         "/data/in/password=hunter2/a.json",
         "/data/in/plain/late[1].json",
         "/tmp/ſecret=hunter2/x.json",
+        "/data/in/\x1b[2J\x1b]0;title\x07/\x9b31mred\r.json",
     ]
     frame = spark.createDataFrame([(t,) for t in texts], "t string")
     got = [r[0] for r in frame.select(spark_redact(F.col("t"))).collect()]
-    assert got == [redact(t) for t in texts]
+    assert got == [clean(t) for t in texts]
     assert not any(SECRET in g for g in got)
 
 

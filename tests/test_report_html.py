@@ -210,6 +210,15 @@ def _figures(browser: Chromium) -> list[dict[str, Any]]:
                        paths: svg.querySelectorAll('[id^="series-"] path, path[id^="series-"]')
                               .length,
                        text: svg.textContent,
+                       // labels with an exponent: their last piece drawn smaller than the
+                       // first (a log axis' 10^1, 2x10^1)
+                       powers: [...svg.querySelectorAll('text')].filter(t => {
+                         const s = [...t.querySelectorAll('tspan')];
+                         return s.length >= 3
+                           && s.map(x => x.textContent).join('').includes('10')
+                           && parseFloat(getComputedStyle(s[s.length - 1]).fontSize)
+                              < parseFloat(getComputedStyle(s[0]).fontSize);
+                       }).length,
                        x: r.left + window.scrollX, y: r.top + window.scrollY,
                        width: r.width, height: r.height};
              }))"""
@@ -306,6 +315,15 @@ def test_page_draws_every_chart_in_chromium(history: Path, page: Path) -> None:
         for key in ("timeline", "lag", "late_per_batch"):
             assert "batch time (UTC)" in charts[key]["text"]
 
+    # no chart shows TeX source; the lateness histogram's log axis reads 10^1, 2x10^1, ...
+    # with the exponent drawn smaller (mathtext), while names from the history stay out of
+    # mathtext
+    for name, charts in by_query.items():
+        for key, figure in charts.items():
+            assert "mathdefault" not in figure["text"], (name, key)
+            assert "$" not in figure["text"], (name, key)
+    assert late["histogram"]["powers"] >= 1, late["histogram"]["text"]
+
     # the restart is marked; the audit's rows and the advice are drawn
     assert "restart (new run id)" in late["timeline"]["text"]
     assert "restart" not in join["timeline"]["text"]
@@ -331,6 +349,7 @@ def test_page_draws_every_chart_in_chromium(history: Path, page: Path) -> None:
 def test_page_is_self_contained(page: Path) -> None:
     text = page.read_text()
     assert "<script" not in text
+    assert "mathdefault" not in text  # no TeX source anywhere in the page
     for scheme in ("http://", "https://", "//cdn"):
         # only the SVG namespace declarations name a URL, and they are never fetched
         for line in text.splitlines():

@@ -166,11 +166,12 @@ def query_label(name: str | None, query_id: str) -> str:
 
 
 def clean_name(name: str | None) -> str | None:
-    """A name from Spark (a query's, an error class) as wmwatch keeps it: redacted, bounded,
-    valid UTF-8; None for no name.
+    """A name from Spark (a query's, an error class) as wmwatch keeps it: cleaned
+    (:func:`wmwatch._text.clean`: redacted, no control characters, valid UTF-8) and bounded;
+    None for no name, or one made of control characters only.
 
     Cleaning a cleaned name changes nothing, so a name from a snapshot or event passes as is."""
-    return _cleaned(name, _MAX_NAME_CHARS) if name else None
+    return (_cleaned(name, _MAX_NAME_CHARS) or None) if name else None
 
 
 def parse_progress(raw: str | bytes | Mapping[str, Any]) -> ProgressSnapshot:

@@ -1,7 +1,10 @@
-"""Cleaning text where it enters wmwatch: credentials masked, invalid UTF-8 replaced, one line kept.
+"""Cleaning text where it enters wmwatch: credentials masked, control characters dropped,
+invalid UTF-8 replaced, one line kept.
 
 Text from Spark (query names, source descriptions, exception messages, progress JSON) is cleaned
 once, when it is parsed; what is stored, exported and reported downstream is already clean.
+Control characters (ESC, the C1 controls, DEL) are dropped with it: an ``ESC[2J`` or OSC
+sequence in a query name or a path would otherwise drive the terminal that shows it.
 
 What is masked follows the OWASP logging cheat sheet (passwords, keys, tokens, session ids,
 connection strings never reach a log): the password of a URL (``scheme://user:secret@host``,
@@ -149,6 +152,17 @@ def _apply_rules(text: str) -> str:
     return text
 
 
+# C0 controls but tab and newline (text keeps its lines: exception messages, tracebacks), DEL and
+# the C1 controls (U+009B is a one-character CSI to some terminals).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` without the control characters a terminal acts on (ESC sequences, bells,
+    carriage returns); tabs and newlines are kept."""
+    return _CONTROL.sub("", text)
+
+
 def valid_utf8(text: str) -> str:
     """``text`` as valid UTF-8: lone surrogates (legal in Python strings and JSON escapes, not in
     UTF-8) become ``?``, since DuckDB and the exposition format refuse them."""
@@ -160,21 +174,22 @@ def valid_utf8(text: str) -> str:
 
 
 def clean(text: str, limit: int | None = None) -> str:
-    """``text`` redacted, then cut to ``limit`` characters, as valid UTF-8: how every piece of
-    free text from Spark is kept. Redacting first: a cut through a credential must not leave
-    the part before the cut unmasked."""
-    return valid_utf8(redact(text)[:limit])
+    """``text`` redacted, without control characters, then cut to ``limit`` characters, as
+    valid UTF-8: how every piece of free text from outside (Spark, a checkpoint, a path given
+    on the command line) is kept and shown. Redacting first: a cut through a credential must
+    not leave the part before the cut unmasked."""
+    return valid_utf8(printable(redact(text))[:limit])
 
 
 def redact_json(value: Any, secret: bool = False) -> Any:
     """A decoded JSON ``value`` with every secret masked: the value of each key that names a
-    secret (whatever it holds), and secrets inside every string (keys included), as valid
-    UTF-8; non-finite numbers (which JSON cannot hold) become null."""
+    secret (whatever it holds), and every string (keys included) cleaned as :func:`clean`
+    cleans it; non-finite numbers (which JSON cannot hold) become null."""
     if isinstance(value, str):
-        return REDACTED if secret else valid_utf8(redact(value))
+        return REDACTED if secret else clean(value)
     if isinstance(value, Mapping):
         return {
-            valid_utf8(redact(str(key))): redact_json(item, secret or is_secret_name(str(key)))
+            clean(str(key)): redact_json(item, secret or is_secret_name(str(key)))
             for key, item in value.items()
         }
     if isinstance(value, list | tuple):
@@ -185,19 +200,29 @@ def redact_json(value: Any, secret: bool = False) -> Any:
         return None
     if isinstance(value, int | float):
         return REDACTED if secret else value
-    return REDACTED if secret else valid_utf8(redact(str(value)))
+    return REDACTED if secret else clean(str(value))
+
+
+# JSON's short escapes of control characters that clean() drops (tab and newline are kept)
+_CONTROL_ESCAPES = ("\\b", "\\f", "\\r")
 
 
 def clean_json(doc: Any, text: str) -> str | None:
     """``text``, the JSON of the decoded ``doc``, as wmwatch may keep it: valid JSON that
-    DuckDB accepts, with every secret masked (:func:`redact_json`).
+    DuckDB accepts, with every secret masked and every string cleaned (:func:`redact_json`).
 
-    Text that can hold no secret, lone surrogate or non-finite number is kept as it is (no
-    serialising); any other is built again from the masked document, never masked as text (a
-    mask through an escaped quote broke the document). None when the document cannot be
-    serialised at all (nested past Python's recursion limit): the caller keeps the rest.
+    Text that can hold no secret, lone surrogate, control character or non-finite number is
+    kept as it is (no serialising); any other is built again from the masked document, never
+    masked as text (a mask through an escaped quote broke the document). None when the document
+    cannot be serialised at all (nested past Python's recursion limit): the caller keeps the
+    rest.
     """
-    if not _may_hold_secret(text) and "NaN" not in text and "Infinity" not in text:
+    if (
+        not _may_hold_secret(text)  # a "\u" escape (any control character included) too
+        and not any(escape in text for escape in _CONTROL_ESCAPES)
+        and "NaN" not in text
+        and "Infinity" not in text
+    ):
         return text
     try:
         return json.dumps(redact_json(doc), ensure_ascii=False, separators=(",", ":"))
@@ -206,7 +231,8 @@ def clean_json(doc: Any, text: str) -> str | None:
 
 
 def spark_redact(column: Any) -> Any:
-    """A Spark column expression masking ``column`` as :func:`redact` does, run by the JVM on
+    """A Spark column expression cleaning ``column`` as :func:`clean` does (secrets masked,
+    control characters dropped; Spark's strings are valid UTF-8 already), run by the JVM on
     every row (file paths of late rows, for Parquet and DuckDB alike)."""
     from pyspark.sql import functions as F
 
@@ -214,21 +240,22 @@ def spark_redact(column: Any) -> Any:
         flags = "(?iu)" if pattern.flags & re.IGNORECASE else ""
         java = flags + pattern.pattern.replace("(?P<", "(?<")
         column = F.regexp_replace(column, java, re.sub(r"\\g<(\w+)>", r"${\1}", template))
-    return column
+    return F.regexp_replace(column, _CONTROL.pattern, "")
 
 
 class RedactingFilter(logging.Filter):
-    """Masks secrets in every record a wmwatch logger emits, its traceback included: the last
-    boundary before text leaves wmwatch (log lines quote exceptions, paths and names)."""
+    """Cleans every record a wmwatch logger emits, its traceback included (:func:`clean`:
+    secrets masked, control characters dropped): the last boundary before text leaves wmwatch
+    (log lines quote exceptions, paths and names)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
         except Exception:  # noqa: BLE001 - a bad format string must not lose the record
             message = str(record.msg)
-        record.msg, record.args = redact(message), None
+        record.msg, record.args = clean(message), None
         if record.exc_info and not record.exc_text:
-            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+            record.exc_text = clean(logging.Formatter().formatException(record.exc_info))
         return True
 
 
@@ -254,9 +281,10 @@ def first_line(text: str | None, limit: int = 300) -> str | None:
 
 
 def error_line(exc: BaseException, limit: int = 500) -> str:
-    """One redacted line that says what went wrong, for logs, metrics and the history.
+    """One cleaned line (:func:`clean`) that says what went wrong, for logs, metrics and the
+    history.
 
     The whole line is redacted before it is cut, so a credential the cut runs through is still
     masked."""
     text = str(exc)
-    return redact(first_line(text, len(text)) or type(exc).__name__)[:limit]
+    return clean(first_line(text, len(text)) or type(exc).__name__, limit)

@@ -11,7 +11,9 @@ from wmwatch._audit.handled import BatchRange, range_count
 from wmwatch._audit.replay.engine import ReplayInput
 from wmwatch._audit.replay.sources.base import UnreplayableSource
 from wmwatch._audit.sinks import BatchLateRows
-from wmwatch._text import error_line
+from wmwatch._text import clean, error_line
+
+_MAX_REASON_CHARS = 1000
 
 
 @dataclass
@@ -75,7 +77,8 @@ class AuditCounters:
         self.last_lost_batch = (
             last if self.last_lost_batch is None else max(self.last_lost_batch, last)
         )
-        self.last_lost_reason = reason
+        # the reason quotes checkpoint paths and exceptions: cleaned as it enters the status
+        self.last_lost_reason = clean(reason, _MAX_REASON_CHARS)
 
     def add_error(self, exc: BaseException) -> None:
         self.errors += 1

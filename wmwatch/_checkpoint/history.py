@@ -50,6 +50,8 @@ _LOG_VERSION = "v1"
 _STATE_FILE = re.compile(r"^(\d+)(?:_[0-9A-Za-z-]+)?\.(delta|snapshot|zip|changelog)$")
 _FULL_STATE_KINDS = frozenset({"snapshot", "zip"})
 _JOIN_OPERATOR = "symmetricHashJoin"
+# a query id as Spark writes it (java.util.UUID.toString)
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 # Operators whose state sits in column families that the plain statestore read does not cover.
 _UNCOUNTED_OPERATORS = frozenset({"transformWithStateExec", "transformWithStateInPandasExec"})
 
@@ -143,6 +145,14 @@ def parse_query_id(text: str | None, root: str) -> str:
         raise CheckpointHistoryError(
             f"{root}/metadata holds no query id; the checkpoint is damaged: restore the file "
             "from a copy of the checkpoint"
+        )
+    # Spark writes a UUID; anything else (".." or "../x" included) would be a path wherever the
+    # id names a folder (the audit's Parquet), so it is refused, and not echoed
+    if not _UUID.fullmatch(doc["id"]):
+        raise CheckpointHistoryError(
+            f"{root}/metadata holds a query id that is not a UUID, which Spark always writes: "
+            "the checkpoint is damaged or not a streaming query's; restore the file from a copy "
+            "of the checkpoint"
         )
     return str(doc["id"])
 

@@ -14,14 +14,16 @@ filesystem interface, local by default, Hadoop's through the JVM for other schem
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import posixpath
 import re
 import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from wmwatch._errors import AuditError
 
@@ -302,7 +304,8 @@ class FileSystem(Protocol):
 MAX_FILE_BYTES = 256 * 1024 * 1024
 
 
-def _check_size(path: str, size: int) -> None:
+def check_size(path: str, size: int) -> None:
+    """CheckpointDamaged when a checkpoint file of ``size`` bytes is past the read bound."""
     if size > MAX_FILE_BYTES:
         raise CheckpointDamaged(
             f"{path} is {size:,} bytes, more than the {MAX_FILE_BYTES:,} wmwatch reads of one "
@@ -322,17 +325,25 @@ class LocalFileSystem:
 
     def read_text(self, path: str) -> str | None:
         try:
-            # non-blocking: a FIFO planted in a checkpoint must not hang the reader
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            # non-blocking: a FIFO planted in a checkpoint must not hang the reader; no links:
+            # Spark writes none, and one planted there would have its target read and quoted
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise CheckpointDamaged(
+                f"{path} is not a regular file; the checkpoint is damaged (a symbolic link, "
+                "which Spark never writes there)."
+            ) from None
         with os.fdopen(fd, "rb") as handle:
             info = os.fstat(handle.fileno())
             if not stat.S_ISREG(info.st_mode):
                 raise CheckpointDamaged(f"{path} is not a regular file; the checkpoint is damaged.")
-            _check_size(path, info.st_size)
+            check_size(path, info.st_size)
             data = handle.read(MAX_FILE_BYTES + 1)
-        _check_size(path, len(data))
+        check_size(path, len(data))
         return data.decode("utf-8", errors="replace")
 
     def mtime_seconds(self, path: str) -> float | None:
@@ -367,7 +378,7 @@ class HadoopFileSystem:
         status = self._fs.getFileStatus(p)
         if not status.isFile():
             raise CheckpointDamaged(f"{path} is not a file; the checkpoint is damaged.")
-        _check_size(path, int(status.getLen()))
+        check_size(path, int(status.getLen()))
         stream = self._fs.open(p)
         try:
             return str(self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
@@ -391,15 +402,40 @@ def local_root(root: str) -> str | None:
     return os.path.abspath(root)
 
 
-def inside_local_checkpoint(path: str | os.PathLike[str], root: str) -> bool:
-    """True when ``path`` lies in the local checkpoint ``root`` (links resolved): a place
-    wmwatch must never write to. A checkpoint on another filesystem holds no local path."""
-    local = local_root(root)
-    if local is None:
+def qualified(location: str | os.PathLike[str]) -> tuple[str, str, str, str]:
+    """``(scheme, user, host, path)``: one spelling of a file or folder, however it is given.
+
+    A local path or ``file:`` URI is resolved as the filesystem sees it (``..``, links, trailing
+    and doubled slashes): ``("file", "", "", "/real/path")``. Any other URI keeps its scheme, its
+    user (an Azure container) and host in lower case, its port and any password left out, and
+    its normalised path.
+    """
+    text = os.fspath(location)
+    local = local_root(text)
+    if local is not None:
+        return "file", "", "", os.path.realpath(local)
+    try:
+        parts = urlsplit(text)
+        user, host = (parts.username or "").lower(), (parts.hostname or "").lower()
+    except ValueError:  # an unbalanced "[" in the authority: nothing to compare but the text
+        return "", "", "", text
+    path = posixpath.normpath("/" + unquote(parts.path).lstrip("/"))
+    return parts.scheme.lower(), user, host, "/" + path.lstrip("/")
+
+
+def inside_checkpoint(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is the checkpoint ``root`` or lies in it, both spelled as
+    :func:`qualified` spells them: a place wmwatch must never write to. A URI without a host
+    (``hdfs:///a``: the default filesystem's) or without a user may be any one's, so it counts
+    as the same: when in doubt, the place is refused."""
+    scheme, user, host, place = qualified(path)
+    root_scheme, root_user, root_host, base = qualified(root)
+    if scheme != root_scheme:
         return False
-    target = os.path.realpath(os.fspath(path))
-    base = os.path.realpath(local)
-    return os.path.commonpath([target, base]) == base
+    for mine, theirs in ((user, root_user), (host, root_host)):
+        if mine and theirs and mine != theirs:
+            return False
+    return place == base or place.startswith(base.rstrip("/") + "/")
 
 
 class CheckpointReader:

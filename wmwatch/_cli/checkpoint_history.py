@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from wmwatch._cli import echo
+
 if TYPE_CHECKING:
     from wmwatch._checkpoint.history import CheckpointHistory
 
@@ -24,12 +26,12 @@ _COMMAND = "wmwatch checkpoint-history"
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(f"{_COMMAND}: {message}", err=True)
+    _say(message)
     return typer.Exit(code)
 
 
 def _say(message: str) -> None:
-    typer.echo(f"{_COMMAND}: {message}", err=True)
+    echo(f"{_COMMAND}: {message}", err=True)
 
 
 def checkpoint_history(
@@ -85,14 +87,14 @@ def checkpoint_history(
     works on the result. Reads the checkpoint only; never writes into it. Running it again
     replaces what it wrote before; batches a listener recorded are kept as they are.
     """
-    from wmwatch._checkpoint.reader import inside_local_checkpoint, local_root
+    from wmwatch._checkpoint.reader import inside_checkpoint, local_root
 
     local = local_root(checkpoint)
     if local is not None and not os.path.isdir(local):
         raise _fail(f"{checkpoint} is not a folder: pass the query's checkpointLocation", 2)
     if not db.parent.is_dir():
         raise _fail(f"--db {db}: folder {db.parent} does not exist", 2)
-    if inside_local_checkpoint(db, checkpoint):
+    if inside_checkpoint(db, checkpoint):
         raise _fail(
             f"--db {db} is inside the checkpoint {checkpoint}, which is only ever read: pass "
             "a file elsewhere",
@@ -201,7 +203,7 @@ def _write(history: CheckpointHistory, db: Path, name: str | None, state_counted
     kept = (
         f"; kept {written.batches_kept} batches a listener recorded" if written.batches_kept else ""
     )
-    typer.echo(
+    echo(
         f"wrote {written.batches_written} batches of query {_label(name, history.query_id)} "
         f"to {db}{kept}; offsets reach back to batch "
         f"{retention.oldest_offsets_batch}, commits to {retention.oldest_commit_batch}, state to "

@@ -17,11 +17,13 @@ from typing import Annotated, Any
 
 import typer
 
+from wmwatch._cli import echo
+
 FORMATS = ("table", "json", "csv", "html")
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    typer.echo(f"wmwatch report: {message}", err=True)
+    echo(f"wmwatch report: {message}", err=True)
     return typer.Exit(code)
 
 
@@ -99,12 +101,13 @@ def report(
     from wmwatch._report.build import build_report
     from wmwatch._report.reading import open_history
     from wmwatch._report.render import render_csv, render_json, render_table
-    from wmwatch._text import first_line
+    from wmwatch._text import clean, first_line
 
     histories: dict[str, Any] = {}
     try:
         with open_history(db, timeout=timeout_seconds) as con:
-            result = build_report(con, db=str(db), query=query, since_at=since_at)
+            # the path as the report shows it: as given, cleaned like every text that enters
+            result = build_report(con, db=clean(str(db)), query=query, since_at=since_at)
             if fmt == "html":
                 from wmwatch._report.history import load_history
 

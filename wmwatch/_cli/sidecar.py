@@ -17,12 +17,14 @@ from typing import Annotated, Any
 
 import typer
 
+from wmwatch._cli import echo
+
 # how often a status line is printed while the sidecar follows the query
 _STATUS_EVERY_SECONDS = 5.0
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"wmwatch sidecar: {message}", err=True)
+    echo(f"wmwatch sidecar: {message}", err=True)
     return typer.Exit(code)
 
 
@@ -111,10 +113,10 @@ def sidecar(
     history marks.
     """
     from wmwatch._audit.sidecar.run import checkpoint_query_id, load_function
-    from wmwatch._checkpoint.reader import CheckpointReader, inside_local_checkpoint, local_root
+    from wmwatch._checkpoint.reader import CheckpointReader, inside_checkpoint, local_root
     from wmwatch._errors import WmwatchError
 
-    if inside_local_checkpoint(db, checkpoint):
+    if inside_checkpoint(db, checkpoint):
         raise _fail(
             f"--db {db} is inside the checkpoint {checkpoint}, which is only ever read: pass "
             "a file elsewhere"
@@ -271,9 +273,11 @@ def _follow(
 
 def _print(status: dict[str, Any], as_json: bool, *, final: bool = False) -> None:
     if as_json:
-        typer.echo(json.dumps({"final": final, **status}, default=str))
+        from wmwatch._text import redact_json
+
+        typer.echo(json.dumps(redact_json({"final": final, **status})))
         return
-    typer.echo(
+    echo(
         f"{status['query']}: audited up to batch {status['last_audited_batch']} of "
         f"{status['latest_committed_batch']} committed; {status['late_rows']:,} late rows, "
         f"{status['batches_lost']} batches lost, {status['errors']} errors"

@@ -33,7 +33,7 @@ from wmwatch._inspect.joins import (
 )
 from wmwatch._inspect.watermarks import OperatorWatermark, policy_from_conf
 from wmwatch._plantext import parse_plan_tree, physical_plan_section, streaming_relations
-from wmwatch._text import redact
+from wmwatch._text import clean
 from wmwatch._time import from_epoch_ms, interval_seconds
 
 # the physical operators that keep state, and the name progress gives each
@@ -272,7 +272,7 @@ def _join_from_jvm(node: Any, op_id: int) -> JoinPlan:
         right_has_watermark=_WATERMARKED_ATTRIBUTE.search(right_output) is not None,
         left_predicate=sides["left"][1],
         right_predicate=sides["right"][1],
-        condition=redact(str(node.condition().toString()))[:2000],
+        condition=clean(str(node.condition().toString()), 2000),
         state_location=_state_location(node),
     )
 

@@ -21,7 +21,7 @@ from wmwatch._inspect.watermarks import (
     holding_back,
 )
 from wmwatch._progress import ProgressSnapshot, query_label
-from wmwatch._text import redact
+from wmwatch._text import clean
 
 # batches of progress kept while a Spark Connect query's plan is not read yet
 _MAX_PENDING_MARKS = 10_000
@@ -135,7 +135,7 @@ class QueryState:
             sources.append(
                 SourceWatermark(
                     node_id=node.node_id,
-                    source=redact(label)[:300],
+                    source=clean(label, 300),
                     source_indexes=indexes,
                     event_time_column=node.event_time_column,
                     delay_seconds=node.delay_seconds,

@@ -470,9 +470,8 @@ def _style() -> Iterator[None]:
             "axes.spines.top": False,
             "axes.spines.right": False,
             "path.simplify": True,
-            # names come from the history: "$a$" in a query or source name is text, not TeX
-            # (mathtext would typeset it, or fail the whole page on "$\\frac")
-            "text.parse_math": False,
+            # mathtext stays on: the log axis draws its ticks with it (10 with a superscript);
+            # text from the history is kept out of it where it is drawn (see _legend)
             "text.usetex": False,
         }
     ):
@@ -513,9 +512,15 @@ def _series(
 
 
 def _legend(ax: Axes, **options: Any) -> None:
-    """A legend, when something is drawn with a label (matplotlib warns on an empty one)."""
+    """A legend, when something is drawn with a label (matplotlib warns on an empty one).
+
+    Legends are where text from the history (operator, source and query names, the watermark
+    policy) is drawn: each of their texts is taken literally, so "$a$" in a name is text, not
+    TeX (mathtext would typeset it, or fail the whole page on "$\\frac$")."""
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(**options)
+        legend = ax.legend(**options)
+        for text in (*legend.get_texts(), legend.get_title()):
+            text.set_parse_math(False)
 
 
 def _restarts(ax: Axes, h: QueryHistory) -> None:
@@ -607,14 +612,17 @@ def _svg(fig: Figure, salt: str) -> str:
         warnings.filterwarnings("ignore", "AutoDateLocator was unable", UserWarning)
         fig.savefig(out, format="svg", metadata={"Date": None})
     text = out.getvalue()
-    # inline in HTML: drop the XML prolog, DOCTYPE and the RDF metadata, keep the drawing
+    # inline in HTML: drop the XML prolog, DOCTYPE and the RDF metadata, keep the drawing;
+    # and the comments matplotlib writes before each text (its source: TeX for a log axis)
     text = text[text.index("<svg") :]
     text = re.sub(r"\s*<metadata>.*?</metadata>", "", text, count=1, flags=re.DOTALL)
+    text = _COMMENT.sub("", text)
     # path data to 0.1 pt (a tenth of a pixel) and one line: about half the bytes
     return _PATH_DATA.sub(_round_path, text)
 
 
 _PATH_DATA = re.compile(r'(?<= d=")[^"]*')
+_COMMENT = re.compile(r"\s*<!--.*?-->", re.DOTALL)
 _DECIMALS = re.compile(r"(-?\d+\.\d)\d+")
 
 

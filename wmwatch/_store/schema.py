@@ -386,19 +386,21 @@ def schema_version(
     Raises :class:`StoreError` when the database is not a wmwatch history (for a reader, an
     empty database is not one either) or was written by a newer wmwatch than this one.
     """
+    # every schema: a database whose tables all live outside "main" is another application's
+    # as much as one with tables in it
     tables = {
-        row[0]
-        for row in con.execute(
-            "SELECT table_name FROM information_schema.tables "
-            "WHERE table_catalog = current_database() AND table_schema = 'main'"
+        (str(schema), str(name))
+        for schema, name in con.execute(
+            "SELECT table_schema, table_name FROM information_schema.tables "
+            "WHERE table_catalog = current_database()"
         ).fetchall()
     }
-    if "wmwatch_schema" not in tables:
+    if ("main", "wmwatch_schema") not in tables:
         if reading:
             raise StoreError(
                 f"{path} is not a wmwatch history database: move it aside or pass another --db"
             )
-        if tables:
+        if tables or _other_schemas(con):
             raise StoreError(
                 f"{path} is a DuckDB database of another application, not a wmwatch history: "
                 "pass another --db"
@@ -413,6 +415,15 @@ def schema_version(
             f"v{LATEST_VERSION}): {remedy}"
         )
     return version
+
+
+def _other_schemas(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the open database has a schema besides "main" (wmwatch makes none)."""
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_schemas() "
+        "WHERE database_name = current_database() AND NOT internal AND schema_name <> 'main'"
+    ).fetchone()
+    return bool(row and row[0])
 
 
 _ADD_COLUMN = re.compile(

@@ -19,7 +19,12 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from wmwatch._checkpoint.reader import normalise_path
+from wmwatch._checkpoint.reader import (
+    MAX_FILE_BYTES,
+    CheckpointDamaged,
+    check_size,
+    normalise_path,
+)
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 from wmwatch._plantext import explain_text
@@ -192,24 +197,53 @@ class SessionFileSystem:
         return names
 
     def read_text(self, path: str) -> str | None:
+        """The file's text, as the classic reader gives it: None when it is missing, and
+        CheckpointDamaged for anything but a regular file within the read bound."""
         cached = self._cache.get(path)
         if cached is not None:
             return cached
+        from pyspark.sql import functions as F
+
         try:
+            files = self._spark.read.format("binaryFile").load(path)
+            # binaryFile hands a filter on length to its reader, which then never opens a file
+            # past the bound, nor an empty one (a FIFO's length reads 0; opening it blocks)
+            length = F.col("length")
+            within = (length > 0) & (length <= F.lit(MAX_FILE_BYTES).cast("bigint"))
             with bounded_job(
                 self._spark,
                 description=f"wmwatch audit: read {path}",
                 timeout_seconds=self._timeout,
             ):
-                rows = self._spark.read.text(path, wholetext=True).collect()
+                read = files.where(within).select("path", "content").collect()
+            listed = None
+            if not self._is_the_file(read, path):
+                # what is there instead (no content read): an empty or too large file, a folder
+                with bounded_job(
+                    self._spark,
+                    description=f"wmwatch audit: stat {path}",
+                    timeout_seconds=self._timeout,
+                ):
+                    listed = files.select("path", "length").collect()
         except Exception as exc:
             if self._missing(exc):
                 return None
             raise
-        text = "".join(str(r[0]) for r in rows)
+        if listed is None:
+            text = bytes(read[0]["content"]).decode("utf-8", errors="replace")
+        elif self._is_the_file(listed, path):
+            check_size(path, int(listed[0]["length"]))
+            text = ""  # its length is 0
+        else:
+            # a folder (its files listed instead) or a path that matched other files
+            raise CheckpointDamaged(f"{path} is not a regular file; the checkpoint is damaged.")
         if _IMMUTABLE.search(path):
             self._cache.put(path, text)
         return text
+
+    @staticmethod
+    def _is_the_file(rows: list[Any], path: str) -> bool:
+        return len(rows) == 1 and normalise_path(str(rows[0]["path"])) == normalise_path(path)
 
     def mtime_seconds(self, path: str) -> float | None:
         try:

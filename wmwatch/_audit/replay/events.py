@@ -39,7 +39,7 @@ from wmwatch._audit.replay.refusals import (
 )
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError
-from wmwatch._text import first_line, redact
+from wmwatch._text import clean, first_line
 
 _CATALYST = "org.apache.spark.sql.catalyst"
 # nodes a batch replay leaves out: they only mark the event-time column for the stream
@@ -302,7 +302,7 @@ def as_written(spark: Any, events: Any) -> Callable[[Any], Any]:
             "exactly one."
         )
     leaf = paths[0][0][0]
-    description = redact(first_line(str(leaf.toString()), 120) or "its source")
+    description = clean(first_line(str(leaf.toString()), 120) or "its source")
     budget = [MAX_EXPRESSIONS]
     for node, _ in paths[0][1:]:
         reason = unreplayable_reason(spark, node, budget)
@@ -340,6 +340,6 @@ def as_the_watermark_reads(spark: Any, query: Any) -> tuple[EventsAsWritten, Any
     reads = EventsAsWritten(
         leaf_attributes=tuple(_jvm_list(spark, leaf.output())),
         ancestors=tuple(paths[0][1:]),
-        description=redact(first_line(str(leaf.toString()), 120) or "its source"),
+        description=clean(first_line(str(leaf.toString()), 120) or "its source"),
     )
     return reads, leaf

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import os
 import re
 import sys
@@ -44,18 +43,19 @@ from wmwatch._audit.start import (
     _replay_inputs,
     checked_options,
 )
+from wmwatch._checkpoint.history import parse_query_id
 from wmwatch._checkpoint.reader import (
     CheckpointDamaged,
     CheckpointReader,
     HadoopFileSystem,
-    inside_local_checkpoint,
+    inside_checkpoint,
     local_root,
     normalise_path,
     parse_source_log,
 )
 from wmwatch._core.plugins import HistoryAccess, WatchContext
 from wmwatch._core.sessions import is_connect
-from wmwatch._errors import AuditError, ConfigError
+from wmwatch._errors import AuditError, ConfigError, WmwatchError
 from wmwatch._progress import clean_name, query_label
 from wmwatch._text import error_line, redact
 
@@ -80,20 +80,25 @@ class SidecarHandle(AuditHandle):
 
 def checkpoint_query_id(reader: CheckpointReader) -> str:
     """The query id a checkpoint belongs to (its ``metadata`` file, written when the query is
-    first started); ConfigError for a folder that is no streaming checkpoint."""
-    text = reader.fs.read_text(f"{reader.root.rstrip('/')}/metadata")
-    doc: Any = None
-    if text is not None:
-        try:
-            doc = json.loads(text.strip().splitlines()[0]) if text.strip() else None
-        except (ValueError, RecursionError):
-            doc = None
-    if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
+    first started): a UUID, since the audit names its Parquet folders with it; ConfigError for a
+    folder that is no streaming checkpoint."""
+    return parse_query_id(reader.fs.read_text(f"{reader.root.rstrip('/')}/metadata"), reader.root)
+
+
+def _open_checkpoint(spark: Any, root: str) -> tuple[CheckpointReader, str]:
+    """A reader of the checkpoint at ``root`` and its query id; one line for a checkpoint that
+    cannot be reached (a Hadoop filesystem this application has no settings or classes for)."""
+    try:
+        fs = None if local_root(root) is not None else HadoopFileSystem(spark, root)
+        reader = CheckpointReader(root, fs)
+        return reader, checkpoint_query_id(reader)
+    except WmwatchError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - py4j's errors from a Hadoop filesystem, or the OS's
         raise ConfigError(
-            f"{reader.root} is not a streaming query's checkpoint (no metadata file holding the "
-            "query's id); give the checkpointLocation the production query runs with."
-        )
-    return str(doc["id"])
+            f"cannot read the checkpoint {redact(root)}: {error_line(exc, 300)}; check the URI "
+            "and the sidecar's filesystem settings (--conf spark.hadoop....)"
+        ) from None
 
 
 def _streaming_frame(value: Any, what: str) -> Any:
@@ -261,14 +266,12 @@ def start_sidecar(
     root = os.fspath(checkpoint)
     written = [p for p in (getattr(watch.store, "path", None), parquet_path) if p is not None]
     for place in written:
-        if inside_local_checkpoint(place, root):
+        if inside_checkpoint(place, root):
             raise ConfigError(
-                f"{place} is inside the checkpoint {root}, which the sidecar only reads: keep the "
-                "history and the Parquet folder elsewhere"
+                f"{redact(os.fspath(place))} is inside the checkpoint {redact(root)}, which the "
+                "sidecar only reads: keep the history and the Parquet folder elsewhere"
             )
-    fs = None if local_root(root) is not None else HadoopFileSystem(spark, root)
-    reader = CheckpointReader(root, fs)
-    query_id = checkpoint_query_id(reader)
+    reader, query_id = _open_checkpoint(spark, root)
     prepares, key = checked_options(
         spark,
         watch.store,

@@ -22,7 +22,7 @@ from wmwatch._audit.replay.sources.base import (
     relation_position,
 )
 from wmwatch._errors import UnsupportedSourceError
-from wmwatch._text import first_line, redact
+from wmwatch._text import clean, first_line
 
 # The first kind that matches a relation reads it. Delta comes before files (both are V1
 # sources: files takes every other one, reading or refusing it); on Spark Connect, Python data
@@ -59,7 +59,7 @@ def unreplayable(events: Any, query_plan: Any, exc: UnsupportedSourceError) -> F
     """A source the audit cannot read again (classic PySpark, where its position is known):
     what Spark dropped from it is counted from progress, without the rows."""
     relation = relation_of(events)
-    reason = redact(str(exc).split(";", 1)[0])
+    reason = clean(str(exc).split(";", 1)[0])
     return Found(
         relation_position(query_plan, relation),
         lambda index: UnreplayableSource(index, reason),
