@@ -14,7 +14,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_store import REPO, progress
+from tests.harness.handmade import REPO, progress
 from wmwatch._store.schema import LATEST_VERSION
 from wmwatch._store.writer import HistoryStore
 from wmwatch.cli import app

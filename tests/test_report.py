@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from tests.test_store import REPO, T0, progress
+from tests.harness.handmade import REPO, T0, progress
 from wmwatch._audit.report.section import watermark_delay_advice
 from wmwatch._errors import UnknownQueryError
 from wmwatch._events import parse_terminated

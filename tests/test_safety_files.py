@@ -18,8 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_audit_writer import ROWS, US, T, late
-from tests.test_store import progress
+from tests.harness.handmade import ROWS, US, T, late, progress
 from wmwatch._audit.sinks import BatchLateRows, _batch_writer
 from wmwatch._cli.demo_job import MARKER, claim_workdir
 from wmwatch._errors import ConfigError, StoreError

@@ -1,43 +1,27 @@
-"""Small helpers shared by the Spark tests: writing input files, free ports, scraping."""
+"""Free loopback ports, scraping a /metrics endpoint, and certificates for TLS tests."""
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 import subprocess
-import time
 import urllib.request
-from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-_counter = iter(range(10**9))
-
-
-def write_events(
-    folder: Path, rows: Iterable[Mapping[str, Any]], *, name: str | None = None
-) -> Path:
-    """Write one JSON-lines file atomically (write, then rename): no stream sees half a file."""
-    index = next(_counter)
-    final = folder / (name or f"part-{index:05d}.json")
-    tmp = folder.parent / f".{final.name}.tmp"
-    with tmp.open("w") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-    os.replace(tmp, final)
-    # file sources take files in modification-time order: keep successive files strictly ordered
-    stamp = time.time() + index * 0.001
-    os.utime(final, (stamp, stamp))
-    return final
-
 
 def free_port() -> int:
+    """A port nothing listens on now (the caller binds it soon after)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    with socket.socket() as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def scrape(url: str, timeout: float = 5.0) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -49,13 +33,6 @@ def scrape(url: str, timeout: float = 5.0) -> dict[tuple[str, tuple[tuple[str, s
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return samples
-
-
-def iso(ts: str) -> float:
-    """Spark's ISO UTC string to Unix seconds."""
-    from datetime import datetime
-
-    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 def self_signed_cert(folder: Path) -> tuple[Path, Path]:
