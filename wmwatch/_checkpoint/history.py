@@ -1,19 +1,8 @@
 """History from a checkpoint alone: a query's batches, sources and stateful operators, read from
-its checkpoint folder and written to the same history tables the listener fills.
+its checkpoint folder and written to the same history tables the listener fills. Where each
+field comes from: docs/checkpoint-history.md.
 
-What each field comes from (docs/checkpoint-history.md has the full table):
-
-- ``metadata``: the query id.
-- ``offsets/N``: the batch's watermark and time (``batchWatermarkMs``, ``batchTimestampMs``) and
-  each source's end offset; a source's start offset is its line in ``offsets/N-1``.
-- ``commits/N``: whether batch N committed.
-- ``state/<op>/_metadata/metadata``: each stateful operator's name, stores and partitions.
-- the state store files (``N.delta``, ``N.snapshot``, ``N.zip``, ``N.changelog``): the oldest
-  state version still loadable. Batch N commits state version N+1, which Spark's ``statestore``
-  reader loads for ``batchId`` N (``getReadStore(batchId + 1)``); its row count is what the
-  listener's ``numRowsTotal`` says for batch N.
-
-Parsing here is pure (text in, values out); the files come through the audit's
+Parsing here is pure (text in, values out); the files come through
 :class:`~wmwatch._checkpoint.reader.CheckpointReader`, the state counts through
 :mod:`wmwatch._checkpoint.state`. Nothing here writes into the checkpoint.
 """

@@ -1,24 +1,6 @@
 """The DuckDB history store: the queue and the one writer thread through which every row goes
-into the history file.
-
-DuckDB lets one process write a database file and locks the file while any connection is open,
-so a writer that kept its connection open would lock ``wmwatch report`` (and every other reader)
-out for as long as the job runs. :class:`HistoryStore` therefore owns ONE writer thread that
-opens the file only for each flush: it writes everything pending in one transaction and closes,
-leaving the file free for readers in between. When the file cannot be opened (held by a reader,
-made read-only, deleted, disk full), the writes stay in memory (bounded in count and in bytes,
-see :func:`write_size_bytes`), the store reports
-itself down in :attr:`HistoryStore.health`, and it retries with backoff. Readers in other
-processes use :func:`open_readonly`, which retries while the writer holds the lock.
-
-Every write is idempotent (upserts on the tables' primary keys), so a retried write or a
-retried Spark batch replaces rows instead of duplicating them. Nothing already committed is
-deleted, except by the retention (``retention_days``).
-
-A file has one writer at a time: a store holds an exclusive lock on ``<db>.lock`` for its whole
-life (see :class:`wmwatch._store.files.WriterLock`), so a second writer, in this process or
-another, is refused with one line instead of two writers fighting over the same batches.
-Readers never take it.
+into the history file, opened only for each flush so that readers get the file in between.
+Why, and what happens when the file cannot be opened: docs/architecture.md (The history file).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The Spark side of the audit: read one batch's files again and find the rows it dropped.
+"""The Spark side of the audit: one batch's input read again (each input through its
+:class:`~wmwatch._audit.replay.sources.base.BatchSource`), put through ``events``, and the rows
+the batch's late-row rule dropped found.
 
 Late rows reach the driver in chunks of at most :data:`CHUNK_BYTES` (each row's ``row_data`` is
 at most ``max_row_bytes``), never a batch at once; with the Parquet sink, or for a batch with

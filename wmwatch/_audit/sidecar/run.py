@@ -1,18 +1,9 @@
 """The audit as a sidecar: the same late-row audit, run in a Spark application of its own against
-another application's checkpoint, while that query runs or after it stopped.
-
-The in-job audit learns three things from the running query: its plan (which operators judge
-which source's rows late), its checkpoint (what each batch read, and the watermark it judged
-with) and its progress (which batches may be skipped, and Spark's own drop counts). A sidecar has
-no running query and no progress: the plan comes from the user's definition of the query (the
-``events`` DataFrames and the query's DataFrame built on them, unstarted, in the sidecar's
-session), the checkpoint is read as the in-job audit reads it (never written), and every
-committed batch that read data is replayed. Spark's drop counts are not known here, so what an
-unreplayable source dropped is stored as unknown (NULL), never as 0.
-
-Everything else is the in-job audit's own: :class:`~wmwatch._audit.auditor.Auditor` loops over
-the committed batches, polls for new commits, resumes after the batches its history marks, and
-counts purged batches as lost; the rows, markers and metrics are the same.
+another application's checkpoint, while that query runs or after it stopped. The plan comes
+from the user's definition of the query (built, unstarted, in the sidecar's session), the
+checkpoint is only read, and the auditor is started through the in-job audit's own wiring
+(:func:`wmwatch._audit.start.start_auditor`). How it differs from the in-job audit:
+docs/sidecar-audit.md.
 """
 
 from __future__ import annotations

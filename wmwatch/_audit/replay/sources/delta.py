@@ -1,31 +1,7 @@
-"""Reading a batch of a Delta Lake stream again (``spark.readStream.format("delta")``).
-
-A Delta stream logs its position as ``{"sourceVersion":1,"reservoirId":...,"reservoirVersion":V,
-"index":I,"isStartingVersion":S}``. Delta's source (``DeltaSource.getFileChanges``) reads the
-table as one sequence of files, each numbered ``(version, index)``:
-
-- the first snapshot (when the stream started without ``startingVersion``/``startingTimestamp``):
-  the snapshot's files at version V, sorted by ``(modificationTime, path)`` and numbered 0..,
-  all with version V;
-- then, commit by commit, the ``AddFile`` actions with ``dataChange=true``, in the commit's
-  order, numbered 0.. within their version. A commit that also removes data
-  (``RemoveFile`` with ``dataChange=true``) is left out whole under ``skipChangeCommits``; a
-  rewrite such as ``OPTIMIZE`` (``dataChange=false``) adds nothing to the sequence.
-
-Batch N read the files after ``offsets/N-1``'s ``(reservoirVersion, index)`` up to and including
-``offsets/N``'s (index -1 stands before every file of its version). ``maxFilesPerTrigger`` and
-``maxBytesPerTrigger`` only decide where a batch ends, which the log records, so the replay needs
-neither. The first batch starts before the snapshot (``isStartingVersion`` true in its end), at
-``startingVersion`` or the version ``startingTimestamp`` resolves to (the first commit at or after
-it, resolved by Delta's own ``DeltaSource.getStartingVersionFromTimestamp``), or, when its end is
-past the snapshot, in the snapshot of the version before its end
-(``DeltaSource.extractStartingState``). Rows are read back through Delta's own reader
-(``DeltaLog.createDataFrame`` over exactly those ``AddFile`` actions, one scan per version when
-files carry deletion vectors, as the stream does), so partition values, column mapping and
-deletion vectors are applied as the stream applied them.
-
-A file VACUUM removed, or a commit the log's retention removed, cannot be read again: the batch
-is lost, with the reason (:class:`~wmwatch._checkpoint.reader.CheckpointEntryGone`).
+"""Reading a batch of a Delta Lake stream again (``spark.readStream.format("delta")``): the files
+batch N read, from its two logged offsets and the table's log, read back through Delta's own
+reader; a file or commit no longer there is the batch lost with the reason. The rule, from
+Delta's source and checked in real runs: docs/audit-sources.md (Delta Lake).
 """
 
 from __future__ import annotations

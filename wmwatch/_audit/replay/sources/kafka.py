@@ -1,24 +1,7 @@
-"""Reading a batch of a Kafka source again.
-
-A Kafka source logs, per batch, the next offset to read of every topic partition
-(``offsets/N``: ``{"clicks":{"0":1234,"1":987}}``), so batch N read ``[offsets/N-1, offsets/N)``
-per partition. The first batch starts where the query started, which the source wrote to its
-own log (``sources/<i>/0``: earliest, latest or the JSON of ``startingOffsets``, resolved to
-offsets); a partition missing from ``offsets/N-1`` was added since and was read from its start.
-:class:`KafkaBatchSource` reads exactly those ranges with Spark's Kafka batch reader, the
-query's own options and the partitions named one by one (``assign``), so topics matched by a
-pattern or partitions added later are read as the batch read them.
-
-Records deleted (retention, ``deleteRecords``) before the audit reached them cannot be read
-again: before each read the partitions' earliest offsets are asked of the broker, and a batch
-that starts below them is counted lost with the reason (:class:`RecordsGone`), never audited
-from what is left. A Spark Connect client has no JVM to ask the broker with: there the first
-record of each partition's range is read with ``failOnDataLoss`` on, which Spark's reader
-fails with ``KAFKA_DATA_LOSS`` exactly when records below it were deleted (an offset that is
-merely invisible, a transaction marker, is skipped). On Connect the options come from the
-client's own plan of ``events`` and the source's position from the progress's description
-(``KafkaV2[Subscribe[clicks]]``). The query's options (``kafka.*`` security settings among
-them) stay in memory; what is logged or stored names only the topics.
+"""Reading a batch of a Kafka source again: each partition's ``[offsets/N-1, offsets/N)`` through
+Spark's Kafka batch reader with the query's own options, after checking that the broker still
+holds the range (records deleted before the audit reached them lose the batch, with the reason).
+The offsets, the first batch, Spark Connect and secrets: docs/audit-sources.md (Kafka).
 """
 
 from __future__ import annotations
