@@ -16,13 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.harness.handmade import ROWS, US, T, progress
-from wmwatch._audit.report.section import (
+from wmwatch._audit.report.advice import (
     WindowGrid,
     extra_windows_in_state,
-    parquet_late_column,
     state_advice_from_quantile,
     window_grid,
 )
+from wmwatch._audit.report.folders import parquet_late_column
 from wmwatch._audit.sinks import BatchLateRows, _batch_writer, _pending_writer
 from wmwatch._report.build import build_report
 from wmwatch._report.reading import open_history

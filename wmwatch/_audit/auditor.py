@@ -1,7 +1,9 @@
 """One running audit of one query: its own thread, the loop over committed batches in order,
 progress notes, status, ``sync`` and ``stop``. The loop's steps and where each lives:
 docs/architecture.md (The audit's loop); why the audit replays committed batches:
-docs/audit.md (How it works).
+docs/audit.md (How it works). Over 500 lines as one class: the loop's state (batches done,
+progress notes, counters) is kept by its one thread under one lock; what stands alone is a
+module of its own (``status``, ``pacing``, ``retention``).
 """
 
 from __future__ import annotations

@@ -11,14 +11,13 @@ from typing import TYPE_CHECKING
 
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows
 from wmwatch._checkpoint.history import (
-    CHECKPOINT_RUN_ID,
     CheckpointHistory,
     StateOperator,
     read_batches,
     read_operators,
-    write_history,
 )
 from wmwatch._checkpoint.reader import CheckpointReader, OffsetsEntry
+from wmwatch._checkpoint.tables import CHECKPOINT_RUN_ID, write_history
 from wmwatch._core.plugins import HistoryAccess, Write
 from wmwatch._text import clean, error_line, get_logger
 

@@ -8,14 +8,10 @@ docs/sidecar-audit.md.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
 import re
-import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from wmwatch._audit.handle import SidecarHandle
@@ -36,7 +32,7 @@ from wmwatch._checkpoint.reader import (
 from wmwatch._core.plugins import HistoryAccess, WatchContext
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError, ConfigError
-from wmwatch._text import error_line, redact
+from wmwatch._text import redact
 
 # The run id of the ``queries`` row a sidecar writes: the checkpoint records no run ids, and
 # the production query's runs are not the sidecar's to name.
@@ -263,55 +259,3 @@ def start_sidecar(
         check_inputs=_check_file_sources,
     )
     return SidecarHandle(auditor)
-
-
-# -- the definition as the command line names it ---------------------------------------------------
-
-
-def load_function(spec: str, option: str) -> Callable[..., Any]:
-    """The function ``module:function`` or ``path/to/file.py:function`` names."""
-    where, _, attr = spec.rpartition(":")
-    if not where or not attr:
-        raise ConfigError(
-            f"{option} {spec!r} names no function; give module:function or "
-            "path/to/file.py:function."
-        )
-    try:
-        if where.endswith(".py"):
-            path = Path(where)
-            if not path.is_file():
-                raise ConfigError(f"{option} {spec!r}: there is no file {where}.")
-            module_name = f"wmwatch_definition_{path.stem}"
-            found = importlib.util.spec_from_file_location(module_name, path)
-            if found is None or found.loader is None:
-                raise ConfigError(f"{option} {spec!r}: {where} cannot be loaded as Python.")
-            module = importlib.util.module_from_spec(found)
-            sys.modules[module_name] = module
-            found.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-    except ConfigError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the user's module: its error, in one line
-        raise ConfigError(
-            f"{option} {spec!r}: importing {where} failed ({type(exc).__name__}: "
-            f"{error_line(exc)}); put the module on PYTHONPATH or give path/to/file.py:function."
-        ) from None
-    function = getattr(module, attr, None)
-    if not callable(function):
-        raise ConfigError(
-            f"{option} {spec!r}: {where} has no function {attr!r}; name the function that "
-            "builds it."
-        )
-    return function  # type: ignore[no-any-return]  # a user's function, checked callable above
-
-
-def call_definition(function: Callable[..., Any], argument: Any, option: str, spec: str) -> Any:
-    """``function(argument)``, with whatever it raises as one line naming the option."""
-    try:
-        return function(argument)
-    except Exception as exc:  # noqa: BLE001 - the user's code: its error, in one line
-        raise ConfigError(
-            f"{option} {spec!r} raised {type(exc).__name__}: {error_line(exc)}; fix the "
-            "function (it must build the streaming DataFrame as the production query does)."
-        ) from None
