@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.harness.crash import driver_session, record_progress
+from tests.harness.crash import driver_session, record_progress, stop_all
 from tests.harness.streams import many_files, write_events
 
 
@@ -51,11 +51,7 @@ def main(folder: str, shape: str, mode: str, count: str = "0", audit: str = "") 
         ok = handle.sync(300) if handle is not None else True
         ok = watch.flush(30) and ok
         print(json.dumps({"done": ok, "batches": query.lastProgress["batchId"]}), flush=True)
-        if handle is not None:
-            handle.stop()
-        query.stop()
-        watch.close()
-        spark.stop()
+        stop_all(spark, watch, [(query, handle)])
         return 0 if ok else 1
     while True:
         query.processAllAvailable()

@@ -19,7 +19,7 @@ import pytest
 
 from tests.harness.audited import audited_run
 from tests.harness.checks import check_join, dropped_by_watermark, side_ids
-from tests.harness.joins import LEFT_SCHEMA, PAIRS, RIGHT_SCHEMA, range_join, run_join, write_pair
+from tests.harness.joins import PAIRS, pair_streams, range_join, run_join, write_pair
 from tests.harness.streams import DELAY
 
 pytestmark = pytest.mark.spark
@@ -192,17 +192,8 @@ def test_union_of_two_sources_balances(
 
 def run_union(spark: Any, folder: Path, batching: str) -> dict[str, Any]:
     """Like run_join, but the right source is renamed before the watermark: it needs prepare."""
-    (folder / "l").mkdir(parents=True)
-    (folder / "r").mkdir(parents=True)
-    left_reader = spark.readStream.schema(LEFT_SCHEMA)
-    right_reader = spark.readStream.schema(RIGHT_SCHEMA)
-    if batching == "bulk":
-        for index in range(len(PAIRS)):
-            write_pair(folder, index)
-        left_reader = left_reader.option("maxFilesPerTrigger", 1)
-        right_reader = right_reader.option("maxFilesPerTrigger", 1)
-    left = left_reader.json(str(folder / "l")).withWatermark("lt", DELAY)
-    raw_right = right_reader.json(str(folder / "r"))
+    raw_left, raw_right = pair_streams(spark, folder, batching)
+    left = raw_left.withWatermark("lt", DELAY)
 
     def rename(frame: Any) -> Any:
         return (

@@ -103,11 +103,7 @@ def serve(
             query.processAllAvailable()
         ok = all(handle.sync(120) for _, handle in running) and watch.flush(30)
         print(json.dumps({"done": ok, **status()}), flush=True)
-        for query, handle in running:
-            handle.stop()
-            query.stop()
-        watch.close()
-        spark.stop()
+        stop_all(spark, watch, running)
         return 0 if ok else 1
     while True:
         for query, _ in running:
@@ -115,6 +111,16 @@ def serve(
         watch.flush(10)  # progress on disk before a kill, so the test can compare counts
         print(json.dumps(status()), flush=True)
         time.sleep(0.2)
+
+
+def stop_all(spark: Any, watch: Any, running: Sequence[tuple[Any, Any | None]]) -> None:
+    """Stop each audit (None: not audited) and its query, then the watch and the session."""
+    for query, handle in running:
+        if handle is not None:
+            handle.stop()
+        query.stop()
+    watch.close()
+    spark.stop()
 
 
 # -- the test's side ------------------------------------------------------------------------------

@@ -41,6 +41,22 @@ def write_pair(folder: Path, index: int) -> Path:
     return left
 
 
+def pair_streams(spark: Any, folder: Path, batching: str) -> tuple[Any, Any]:
+    """The left and right file streams of :data:`PAIRS` under ``folder/l`` and ``folder/r``, no
+    watermark yet. ``bulk``: every pair is written first and read one file per batch; ``each``:
+    the caller writes each pair (:func:`write_pair`) and processes it."""
+    (folder / "l").mkdir(parents=True)
+    (folder / "r").mkdir(parents=True)
+    left_reader = spark.readStream.schema(LEFT_SCHEMA)
+    right_reader = spark.readStream.schema(RIGHT_SCHEMA)
+    if batching == "bulk":
+        for index in range(len(PAIRS)):
+            write_pair(folder, index)
+        left_reader = left_reader.option("maxFilesPerTrigger", 1)
+        right_reader = right_reader.option("maxFilesPerTrigger", 1)
+    return left_reader.json(str(folder / "l")), right_reader.json(str(folder / "r"))
+
+
 def range_join(how: str) -> Callable[[Any, Any], Any]:
     from pyspark.sql import functions as F
 
@@ -63,17 +79,7 @@ def run_join(
     """Run ``build(left, right)`` with the audit on; ``left_side``/``right_side`` shape an input
     before the join (and are the audit's ``prepare`` for it); ``audit_options`` go to audit().
     ``late`` in the result is the late rows as the join checks read them."""
-    (folder / "l").mkdir(parents=True)
-    (folder / "r").mkdir(parents=True)
-    left_reader = spark.readStream.schema(LEFT_SCHEMA)
-    right_reader = spark.readStream.schema(RIGHT_SCHEMA)
-    if batching == "bulk":
-        for index in range(len(PAIRS)):
-            write_pair(folder, index)
-        left_reader = left_reader.option("maxFilesPerTrigger", 1)
-        right_reader = right_reader.option("maxFilesPerTrigger", 1)
-    left = left_reader.json(str(folder / "l"))
-    right = right_reader.json(str(folder / "r"))
+    left, right = pair_streams(spark, folder, batching)
     if watermark in ("both", "left"):
         left = left.withWatermark("lt", DELAY)
     if watermark in ("both", "right"):
