@@ -4,7 +4,9 @@ A watch is a listener feeding a bounded queue, the worker thread that handles ea
 (:mod:`wmwatch._core.worker`), the query book, the history store, the metrics collector and
 endpoint, and the plugins. Nothing here ever raises into Spark; setup problems (port in use,
 unusable db) either raise (``strict=True``) or are logged once at ERROR and leave wmwatch running
-degraded, so a monitoring mistake never takes the watched job down.
+degraded, so a monitoring mistake never takes the watched job down. Over 500 lines because the
+public surface (``attach``, ``Watch.audit``, ``Watch.audit_checkpoint``) is typed and documented
+option by option here, where users and their editors read it.
 """
 
 from __future__ import annotations
