@@ -271,7 +271,9 @@ def main() -> None:
         default=None,
         help="run one part",
     )
-    parser.add_argument("--tiny", action="store_true", help="tiny sizes, one repeat (CI)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny sizes, one repeat, no warm-up (CI)"
+    )
     args = parser.parse_args()
     if args.tiny:
         args.files, args.rows, args.repeats = 2, 400, 1
@@ -315,9 +317,10 @@ def main() -> None:
                 late_rows += write_input(
                     folder / "right", args.files, args.rows, late_fraction, seed=2
                 )
-            # warm both code paths (JIT, caches) before anything is timed
-            run_query(spark, folder, "warmup_off", audit=False, shape=shape)
-            run_query(spark, folder, "warmup_on", audit=True, shape=shape)
+            if not args.tiny:
+                # warm both code paths (JIT, caches) before anything is timed
+                run_query(spark, folder, "warmup_off", audit=False, shape=shape)
+                run_query(spark, folder, "warmup_on", audit=True, shape=shape)
             off_rates, on_rates = [], []
             last: dict[str, Any] = {}
             for r in range(args.repeats):
@@ -338,7 +341,8 @@ def main() -> None:
                 f"audit caught up {last['caught_up_seconds']:.1f} s after the query finished"
             )
         for sink in ("duckdb", "parquet") if args.only in (None, "rate") else ():
-            audit_rate(spark, base, args.rate_rows // 10, sink)  # warm-up
+            if not args.tiny:
+                audit_rate(spark, base, args.rate_rows // 10, sink)  # warm-up
             late, seconds = audit_rate(spark, base, args.rate_rows, sink)
             print(
                 f"audit write rate into {sink}: {late:,} late rows in {seconds:.1f} s = "

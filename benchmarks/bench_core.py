@@ -172,8 +172,11 @@ def jvm_pid(spark: Any) -> int | None:
         return None
 
 
-def bench_throughput(spark: Any, work: Path, files: int, rounds: int) -> dict[str, Any]:
-    """Same input, same query, alternated with/without wmwatch (ABBA) after a warm-up pair."""
+def bench_throughput(
+    spark: Any, work: Path, files: int, rounds: int, warm_up: bool = True
+) -> dict[str, Any]:
+    """Same input, same query, alternated with/without wmwatch (ABBA) after a warm-up pair
+    (left out with ``warm_up=False``: a run that only shows the benchmark works)."""
     folder = work / "tp-in"
     folder.mkdir()
     rows_per_file = 400
@@ -188,7 +191,8 @@ def bench_throughput(spark: Any, work: Path, files: int, rounds: int) -> dict[st
         for r in range(rounds)
         for m in (("without", "with") if r % 2 == 0 else ("with", "without"))
     ]
-    for index, mode in enumerate(["without", "with", *order]):
+    warm = ["without", "with"] if warm_up else []
+    for index, mode in enumerate([*warm, *order]):
         watch = None
         if mode == "with":
             watch = wmwatch.attach(spark, db=str(work / f"tp-{index}.duckdb"), metrics_port=None)
@@ -208,7 +212,7 @@ def bench_throughput(spark: Any, work: Path, files: int, rounds: int) -> dict[st
                 for kind, samples in getattr(plugin, "costs", {}).items():
                     plan_costs.setdefault(kind, []).extend(samples)
             watch.close()
-        if index >= 2:  # the first pair warms the JVM, codegen and the file listing
+        if index >= len(warm):  # the first pair warms the JVM, codegen and the file listing
             timings[mode].append(elapsed)
             cpu[mode].append(CpuUse.between(before, after, names))
     without = statistics.median(timings["without"])
@@ -339,7 +343,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
-    parser.add_argument("--tiny", action="store_true", help="tiny sizes, one round (CI)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny sizes, one round, no warm-up (CI)"
+    )
     parser.add_argument(
         "--rounds",
         type=int,
@@ -363,6 +369,7 @@ def main() -> None:
             work,
             files=6 if args.tiny else 40 if args.quick else 80,
             rounds=args.rounds or (1 if args.tiny else 2 if args.quick else 8),
+            warm_up=not args.tiny,
         )
         print(
             f"2. throughput ({tp['runs']} runs alternated): "

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the tests' py4j counter, from the repository's root
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-from tests.helpers import py4j_calls  # noqa: E402 - after the path above
+from tests.harness.checks import py4j_calls  # noqa: E402 - after the path above
 
 
 def in_delta_env() -> None:

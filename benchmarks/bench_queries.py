@@ -89,7 +89,7 @@ def run_round(spark: Any, base: Path, tag: str, *, audit: bool) -> dict[str, Any
         watch.close()
 
 
-def child(mode: str, base: Path, repeats: int) -> None:
+def child(mode: str, base: Path, repeats: int, warm_up: bool) -> None:
     """One scheduler mode in this process; prints one JSON line with every round."""
     from pyspark.sql import SparkSession
 
@@ -108,8 +108,9 @@ def child(mode: str, base: Path, repeats: int) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     rounds: list[dict[str, Any]] = []
     try:
-        run_round(spark, base, "warmup_off", audit=False)
-        run_round(spark, base, "warmup_on", audit=True)
+        if warm_up:
+            run_round(spark, base, "warmup_off", audit=False)
+            run_round(spark, base, "warmup_on", audit=True)
         for r in range(repeats):
             for audit in (False, True):
                 tag = f"{'on' if audit else 'off'}{r}"
@@ -151,12 +152,14 @@ def main() -> None:
     parser.add_argument("--modes", default="FIFO,FAIR")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--base", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--tiny", action="store_true", help="tiny sizes, FIFO only (CI)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny sizes, FIFO only, no warm-up (CI)"
+    )
     args = parser.parse_args()
     if args.tiny:
         args.files, args.rows, args.repeats, args.modes = 2, 400, 1, "FIFO"
     if args.child:
-        child(args.child, Path(args.base), args.repeats)
+        child(args.child, Path(args.base), args.repeats, warm_up=not args.tiny)
         return
     print_machine()
     base = Path(tempfile.mkdtemp(prefix="wmwatch-bench-queries-"))
@@ -182,6 +185,7 @@ def main() -> None:
                     str(base),
                     "--repeats",
                     str(args.repeats),
+                    *(["--tiny"] if args.tiny else []),
                 ],
                 capture_output=True,
                 text=True,

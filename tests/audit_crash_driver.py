@@ -11,42 +11,32 @@ Python data source reading the same files, a union of two sources into a dedupli
 One query writes Parquet to <folder>/out and checkpoints to
 <folder>/checkpoint; several use <folder>/out-<name> and <folder>/checkpoint-<name>. All audit
 into <folder>/history.duckdb.
-Status lines are JSON on stdout, one per loop.
+Status lines are JSON on stdout, one per loop (:func:`tests.harness.crash.serve`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
-import time
 from typing import Any
+
+from tests.harness.crash import FAIR, driver_session, serve
 
 
 def main(folder: str, mode: str, shape: str = "window") -> int:
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     import wmwatch
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("wmwatch-crash-driver")
-        .config("spark.sql.shuffle.partitions", "1")
-        .config("spark.default.parallelism", "1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.scheduler.mode", "FAIR")
-        .config("spark.driver.memory", "512m")
-        .config("spark.sql.adaptive.enabled", "false")
-        .config(
-            "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        )
-        .getOrCreate()
+    spark = driver_session(
+        "wmwatch-crash-driver",
+        conf={
+            **FAIR,
+            "spark.sql.streaming.stateStore.providerClass": (
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+            ),
+        },
     )
-    spark.sparkContext.setLogLevel("ERROR")
 
     def read_events() -> Any:
         return (
@@ -138,23 +128,7 @@ def main(folder: str, mode: str, shape: str = "window") -> int:
         first["per_query"] = {s["query"]: s["batches_audited"] for s in each}
         return first
 
-    if mode == "finish":
-        for query, _ in running:
-            query.processAllAvailable()
-        ok = all(handle.sync(120) for _, handle in running) and watch.flush(30)
-        print(json.dumps({"done": ok, **status()}), flush=True)
-        for query, handle in running:
-            handle.stop()
-            query.stop()
-        watch.close()
-        spark.stop()
-        return 0 if ok else 1
-    while True:
-        for query, _ in running:
-            query.processAllAvailable()
-        watch.flush(10)  # progress on disk before a kill, so the test can compare counts
-        print(json.dumps(status()), flush=True)
-        time.sleep(0.2)
+    return serve(spark, watch, running, mode, status)
 
 
 def _lines_source() -> type:

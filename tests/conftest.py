@@ -39,6 +39,10 @@ def _java_available() -> bool:
 # real server process instead (a process is either a Connect client or classic PySpark, never
 # both: pyspark's functions follow the mode of the process)
 CONNECT = os.environ.get("WMWATCH_TEST_SPARK") == "connect"
+# A run that starts another pytest (tests/test_connect_suite.py) hands it its own Spark Connect
+# server and Kafka broker through these, so neither is started twice
+CONNECT_URL_VARIABLE = "WMWATCH_TEST_CONNECT_URL"
+KAFKA_VARIABLE = "WMWATCH_TEST_KAFKA"
 
 
 # Delta Lake runs on pyspark 4.2 (no Delta release supports 4.3): the Delta tests run in the
@@ -76,7 +80,12 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     if CONNECT:
         from tests.connect_server import connect_server
 
-        with connect_server(tmp_path_factory.mktemp("connect-server")) as url:
+        given = os.environ.get(CONNECT_URL_VARIABLE)
+        with (
+            contextlib.nullcontext(given)
+            if given
+            else connect_server(tmp_path_factory.mktemp("connect-server"))
+        ) as url:
             remote = SparkSession.builder.remote(url).getOrCreate()
             yield remote
             for query in remote.streams.active:
@@ -132,16 +141,32 @@ def delta_spark(spark: Any) -> Any:
 
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The run's one Kafka broker (KRaft, 127.0.0.1), started the first time a test needs it;
-    yields its bootstrap address."""
+    """The run's one Kafka broker (KRaft, 127.0.0.1), started the first time a test needs it
+    (or the one the run that started this pytest hands over); yields its bootstrap address."""
     from tests.kafka_broker import kafka_broker
 
     try:
         connector_jars()
     except JarsMissing as exc:
         pytest.fail(str(exc))
+    given = os.environ.get(KAFKA_VARIABLE)
+    if given:
+        yield given
+        return
     with kafka_broker(tmp_path_factory.mktemp("kafka")) as bootstrap:
         yield bootstrap
+
+
+@pytest.fixture(scope="session")
+def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The run's one Spark Connect server process, started the first time a test needs it;
+    yields its ``sc://`` URL."""
+    if not _java_available():
+        pytest.fail("Java 17 is required for the Spark tests: install openjdk-17-jre-headless")
+    from tests.connect_server import connect_server
+
+    with connect_server(tmp_path_factory.mktemp("connect-server")) as url:
+        yield url
 
 
 @pytest.fixture

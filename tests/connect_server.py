@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.harness.net import free_port, listening
 
 START_TIMEOUT_SECONDS = 120.0
 
@@ -27,18 +28,6 @@ SERVER_CONF = {
     "spark.sql.streaming.noDataProgressEventInterval": "1000",
     "spark.sql.adaptive.enabled": "false",
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _spark_home() -> str:
@@ -63,7 +52,7 @@ def connect_server(work: Path, *, master: str = "local[2]") -> Iterator[str]:
     """Start a Spark Connect server process; yield its ``sc://`` URL; stop it afterwards."""
     work.mkdir(parents=True, exist_ok=True)
     home = _spark_home()
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "SPARK_HOME": home,
@@ -87,7 +76,7 @@ def connect_server(work: Path, *, master: str = "local[2]") -> Iterator[str]:
     subprocess.run(args, env=env, check=True, capture_output=True, timeout=60)
     try:
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while not _listening(port):
+        while not listening(port):
             if time.monotonic() > deadline:
                 logs = sorted((work / "logs").glob("*.out"))
                 tail = logs[-1].read_text()[-2000:] if logs else "no log"

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.connect_server import _free_port, _listening
+from tests.harness.net import free_port, listening
 
 START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 15.0
@@ -102,7 +102,7 @@ def _answers(bootstrap: str, port: int) -> bool:
     """Whether the broker serves metadata (a socket first: the client logs refused connects)."""
     from confluent_kafka.admin import AdminClient
 
-    if not _listening(port):
+    if not listening(port):
         return False
     admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0})
     try:
@@ -141,9 +141,9 @@ def format_broker(work: Path) -> Broker:
     """Write the config (free loopback ports) and format the storage under a random cluster id."""
     jars = jar_set(BROKER_SET)
     work.mkdir(parents=True, exist_ok=True)
-    broker_port, controller_port = _free_port(), _free_port()
+    broker_port, controller_port = free_port(), free_port()
     while controller_port == broker_port:
-        controller_port = _free_port()
+        controller_port = free_port()
     config = work / "server.properties"
     config.write_text(_properties(work, broker_port, controller_port))
     subprocess.run(

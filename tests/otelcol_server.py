@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.connect_server import _free_port, _listening
+from tests.harness.net import free_port as _free_port
+from tests.harness.net import listening as _listening
 from tests.kafka_broker import _stop as stop_process
 
 SOURCE = Path(__file__).parent / "otelcol"

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-SCHEMA = "id int, user string, ts timestamp"
+from tests.harness.streams import SCHEMA
+
 IN_VARIABLE = "WMWATCH_SIDECAR_TEST_IN"
 
 
@@ -51,7 +52,7 @@ def kafka_events(spark: Any) -> Any:
     """The Kafka query of ``tests/audit_kafka_crash_driver.py``: JSON records parsed, with the
     same 10 s watermark and records per trigger."""
     from tests.audit_kafka_crash_driver import PER_TRIGGER
-    from tests.test_audit_kafka_spark import SCHEMA, kafka_stream, parse
+    from tests.harness.kafka import kafka_stream, parse
 
     raw = kafka_stream(spark, os.environ[KAFKA_VARIABLE], os.environ[TOPIC_VARIABLE], PER_TRIGGER)
     return parse(SCHEMA)(raw).withWatermark("ts", "10 seconds")

@@ -4,12 +4,7 @@ checkpoints: the audit table still balances against the query's output, with no 
 from __future__ import annotations
 
 import json
-import os
-import queue
-import signal
 import subprocess
-import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -19,50 +14,23 @@ from typing import Any
 import duckdb
 import pytest
 
-from tests.helpers import write_events
-from tests.test_audit_spark import assert_windows_balance, batch_window_counts, stream_files
+from tests.harness.audited import late_rows
+from tests.harness.checks import assert_windows_balance, batch_window_counts
+from tests.harness.crash import (
+    ensure_stopped,
+    finish,
+    sigkill,
+    start_driver,
+    status_lines,
+    wait_for_status,
+)
+from tests.harness.joins import PAIRS, write_pair
+from tests.harness.streams import stream_files, write_events
 from wmwatch._checkpoint.reader import CheckpointReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _driver(folder: Path, mode: str, shape: str = "window") -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.audit_crash_driver", str(folder), mode, shape],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-
-
-def _status_lines(proc: subprocess.Popen[str]) -> queue.Queue[dict[str, Any] | None]:
-    """The driver's status lines as they come; None once its output ends."""
-    lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("{"):
-                lines.put(json.loads(line))
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return lines
-
-
-def _wait_for_status(
-    lines: queue.Queue[dict[str, Any] | None], wanted: Callable[[dict[str, Any]], bool]
-) -> dict[str, Any]:
-    """The first status line that satisfies ``wanted`` (the timeout only guards against a hang)."""
-    while True:
-        status = lines.get(timeout=240)
-        assert status is not None, "the driver stopped before reporting the wanted status"
-        if wanted(status):
-            return status
+DRIVER = "tests.audit_crash_driver"
 
 
 def _committed_batch_reading(
@@ -93,26 +61,14 @@ def _kill_after_commit(
     """Run the driver until ``audited`` batches are audited, write one more file, and SIGKILL
     it right after a committed batch read that file: the audit of that batch may not have
     started, be under way or be written; each must end balanced after the restart."""
-    first = _driver(folder, "run", shape)
+    first = start_driver(DRIVER, str(folder), "run", shape)
     try:
-        _wait_for_status(_status_lines(first), lambda status: status["batches_audited"] >= audited)
+        wait_for_status(status_lines(first), lambda status: status["batches_audited"] >= audited)
         written = write_more()
         _committed_batch_reading(checkpoint, written, first, source_index)
-        first.send_signal(signal.SIGKILL)
+        sigkill(first)
     finally:
-        if first.poll() is None:
-            first.kill()
-        first.wait(30)
-    assert first.returncode == -signal.SIGKILL
-
-
-def _finish(folder: Path, shape: str) -> dict[str, Any]:
-    """Restart the driver on the same checkpoints; its final status once all is audited."""
-    second = _driver(folder, "finish", shape)
-    finished = _wait_for_status(_status_lines(second), lambda status: "done" in status)
-    assert second.wait(240) == 0
-    assert finished["done"] is True
-    return finished
+        ensure_stopped(first)
 
 
 def test_sigkill_mid_stream_then_restart_balances(spark: Any, stream_dir: Path) -> None:
@@ -133,17 +89,13 @@ def test_sigkill_mid_stream_then_restart_balances(spark: Any, stream_dir: Path) 
         }
     for f in files[written:]:
         write_events(stream_dir / "in", f)
-    finished = _finish(stream_dir, "window")
+    finished = finish(DRIVER, str(stream_dir), "finish", "window")
     committed = CheckpointReader(str(stream_dir / "checkpoint")).committed_batches()
     # the restarted audit resumed after what the killed one had written, and redid nothing else
     assert finished["batches_audited"] == len(set(committed) - marked_at_kill) > 0
 
+    late = late_rows(stream_dir / "history.duckdb")
     with duckdb.connect(str(stream_dir / "history.duckdb"), read_only=True) as con:
-        late = con.execute(
-            "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), lateness_seconds, "
-            "epoch_ms(window_start_at), epoch_ms(window_end_at), operator_kind, source_file, "
-            "row_data::VARCHAR FROM late_rows"
-        ).fetchall()
         marks = dict(con.execute("SELECT batch_id, late_rows FROM audit_batches").fetchall())
     assert len(late) == len(set(late)), "duplicated audit rows"
     assert sorted(marks) == CheckpointReader(str(stream_dir / "checkpoint")).committed_batches()
@@ -164,26 +116,16 @@ def test_sigkill_mid_join_then_restart_balances(spark: Any, stream_dir: Path) ->
     """The same for a stream-stream join: per side, every late row once, and every batch whose
     progress reached the history (a batch the kill interrupted before its progress was posted
     has no count from Spark) has exactly as many late rows as Spark counted."""
-    from tests.test_audit_join_spark import PAIRS, ts
-
-    def write_pair(index: int) -> Path:
-        lrows, rrows = PAIRS[index]
-        if rrows:
-            write_events(stream_dir / "r", [{"rid": i, "rk": k, "rt": ts(s)} for i, k, s in rrows])
-        return write_events(
-            stream_dir / "l", [{"lid": i, "lk": k, "lt": ts(s)} for i, k, s in lrows]
-        )
-
     (stream_dir / "l").mkdir()
     (stream_dir / "r").mkdir()
     for index in range(2):
-        write_pair(index)
+        write_pair(stream_dir, index)
     _kill_after_commit(
-        stream_dir, "join", lambda: write_pair(2), stream_dir / "checkpoint", audited=1
+        stream_dir, "join", lambda: write_pair(stream_dir, 2), stream_dir / "checkpoint", audited=1
     )
     for index in range(3, len(PAIRS)):
-        write_pair(index)
-    _finish(stream_dir, "join")
+        write_pair(stream_dir, index)
+    finish(DRIVER, str(stream_dir), "finish", "join")
     with duckdb.connect(str(stream_dir / "history.duckdb"), read_only=True) as con:
         late = con.execute(
             "SELECT batch_id, join_side, row_data::VARCHAR FROM late_rows"
@@ -229,7 +171,7 @@ def test_sigkill_mid_stream_then_restart_balances_every_kind(spark: Any, stream_
     )
     for f in files[4:]:
         write_events(stream_dir / "in", f)
-    _finish(stream_dir, "kinds")
+    finish(DRIVER, str(stream_dir), "finish", "kinds")
     rows = {r["id"]: r for f in files for r in f}
     with duckdb.connect(str(stream_dir / "history.duckdb"), read_only=True) as con:
         ids = dict(con.execute("SELECT query_name, query_id FROM queries").fetchall())

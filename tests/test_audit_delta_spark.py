@@ -27,41 +27,21 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import wmwatch
-from tests.kafka_broker import jar_cache
-from tests.test_audit_spark import (
-    DELAY,
-    SCHEMA,
-    all_rows,
+from tests.harness.audited import audited_run, stored
+from tests.harness.checks import (
     assert_marks_complete,
     assert_windows_balance,
     check_dedupe,
     dropped_by_watermark,
     final_watermark_ms,
-    stream_files,
+    tumbling_counts,
 )
+from tests.harness.delta import append
+from tests.harness.streams import DELAY, SCHEMA, all_rows, stream_files
+from tests.kafka_broker import jar_cache
 from wmwatch._checkpoint.reader import CheckpointReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.delta]
-
-
-def append(spark: Any, table: Path, rows: list[dict[str, Any]], files: int = 1) -> None:
-    """One commit of ``rows`` to the Delta table, in ``files`` data files."""
-    data = [
-        (r["id"], r["user"], datetime.fromisoformat(r["ts"].replace("Z", "+00:00"))) for r in rows
-    ]
-    frame = spark.createDataFrame(data, SCHEMA)
-    frame = frame.repartition(files) if files > 1 else frame.coalesce(1)
-    frame.write.format("delta").mode("append").save(str(table))
-
-
-def window_counts(rows: list[dict[str, Any]], size_s: int) -> dict[tuple[int, int], int]:
-    """Counts per tumbling window over all the input: the ground truth."""
-    counts: Counter[tuple[int, int]] = Counter()
-    for r in rows:
-        second = int(datetime.fromisoformat(r["ts"].replace("Z", "+00:00")).timestamp())
-        start = second - second % size_s
-        counts[(start * 1000, (start + size_s) * 1000)] += 1
-    return dict(counts)
 
 
 def run_delta(
@@ -94,60 +74,29 @@ def run_delta(
         if batching == "log":
             reader = reader.option("startingVersion", 0)
     events = shape(reader.load(str(table))).withWatermark("ts", DELAY)
-    writer = (
-        build(events)
-        .writeStream.format("memory")
-        .queryName(name)
-        .outputMode("append")
-        .option("checkpointLocation", str(folder / "checkpoint"))
-    )
-    if batching != "each":
-        writer = writer.trigger(availableNow=True)
-    db = folder / "history.duckdb"
-    registry = CollectorRegistry()
-    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry)
-    query = writer.start()
-    try:
-        handle = watch.audit(query, events)
-        if batching == "each":
-            query.processAllAvailable()
-            for i, f in enumerate(files[1:], start=1):
-                append(spark, table, f)
-                query.processAllAvailable()
-                if between is not None:
-                    between(i, table)
-                    query.processAllAvailable()
-        else:
+
+    def feed(query: Any) -> None:
+        if batching != "each":
             query.awaitTermination(120)
-        assert handle.sync(120), handle.status()
-        status = handle.status()
-        progress = list(query.recentProgress)
-        output = [r.asDict(recursive=True) for r in spark.table(name).collect()]
-        handle.stop()
-    finally:
-        query.stop()
-        watch.close()
-    return {
-        "status": status,
-        "progress": progress,
-        "output": output,
-        "files": files,
-        "checkpoint": CheckpointReader(str(folder / "checkpoint")),
-        **history(db),
-    }
+            return
+        query.processAllAvailable()
+        for i, f in enumerate(files[1:], start=1):
+            append(spark, table, f)
+            query.processAllAvailable()
+            if between is not None:
+                between(i, table)
+                query.processAllAvailable()
 
-
-def history(db: Path) -> dict[str, Any]:
-    with duckdb.connect(str(db), read_only=True) as con:
-        late = con.execute(
-            "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), lateness_seconds, "
-            "epoch_ms(window_start_at), epoch_ms(window_end_at), operator_kind, source_file, "
-            "row_data::VARCHAR FROM late_rows"
-        ).fetchall()
-        marks = con.execute(
-            "SELECT batch_id, late_rows, sink, location FROM audit_batches"
-        ).fetchall()
-    return {"late": late, "marks": marks}
+    result = audited_run(
+        spark,
+        folder,
+        build(events),
+        events,
+        name=name,
+        feed=feed,
+        available_now=batching != "each",
+    )
+    return {**result, "files": files}
 
 
 def delta_offsets(checkpoint: CheckpointReader) -> list[dict[str, Any]]:
@@ -183,7 +132,7 @@ def test_window_count_over_delta_conserves_rows(
         between=optimize_after_third,
     )
     wm_ms = final_watermark_ms(result["progress"])
-    expected = window_counts(all_rows(result["files"]), 10)
+    expected = tumbling_counts([r["ts"] for r in all_rows(result["files"])])
     assert_windows_balance(expected, result["output"], result["late"], wm_ms)
     # Spark counts late groups per batch (after merging partial aggregates), not rows
     assert len({(r[0], r[4]) for r in result["late"]}) == dropped_by_watermark(result["progress"])
@@ -262,7 +211,7 @@ def test_events_as_written_over_delta_are_replayed_exactly(
         assert all(a["user"].isupper() and kept_by_filter(a) for a in audited)
     else:
         wm_ms = final_watermark_ms(result["progress"])
-        expected = window_counts(all_rows(result["files"]), 10)
+        expected = tumbling_counts([r["ts"] for r in all_rows(result["files"])])
         emitted = {
             (int(w["start"].timestamp() * 1000), int(w["end"].timestamp() * 1000)): r["count"]
             for r in result["output"]
@@ -338,7 +287,7 @@ def test_vacuumed_batch_is_lost_with_its_reason_and_later_ones_audited(
     assert status["batches_lost"] == 1
     assert status["last_lost_batch"] == vacuumed_batch
     assert "VACUUM" in status["last_lost_reason"]
-    found = history(db)
+    found = stored(db)
     marked = {b for b, *_ in found["marks"]}
     assert vacuumed_batch not in marked
     # every later batch that dropped rows: the audit found exactly Spark's count
@@ -392,7 +341,7 @@ def test_rows_deleted_by_deletion_vectors_are_not_replayed(
     finally:
         query.stop()
         watch.close()
-    audited = sorted(json.loads(r[8])["id"] for r in history(db)["late"])
+    audited = sorted(json.loads(r[8])["id"] for r in stored(db)["late"])
     assert audited == [10, 12, 14, 15]
     assert len(audited) == dropped_by_watermark(progress)
 
@@ -402,8 +351,9 @@ def test_stream_stream_join_of_two_delta_tables_balances(
 ) -> None:
     """The join scenario of ``tests/test_audit_join_spark.py`` over two Delta tables, a commit
     per side per batch: late rows on both sides, on the watermark, an idle side."""
-    from tests.test_audit_join_spark import PAIRS, check_join, late_rows_of, range_join, side_ids
-    from tests.test_audit_join_spark import ts as join_ts
+    from tests.harness.checks import check_join, side_ids
+    from tests.harness.joins import PAIRS, range_join
+    from tests.harness.streams import ts as join_ts
 
     spark = delta_spark
     tables = {side: stream_dir / side for side in ("left", "right")}
@@ -428,50 +378,23 @@ def test_stream_stream_join_of_two_delta_tables_balances(
 
     left = spark.readStream.format("delta").load(str(tables["left"])).withWatermark("lt", DELAY)
     right = spark.readStream.format("delta").load(str(tables["right"])).withWatermark("rt", DELAY)
-    name = "delta_join"
-    db = stream_dir / "history.duckdb"
-    registry = CollectorRegistry()
-    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry)
-    query = (
-        range_join("inner")(left, right)
-        .writeStream.format("memory")
-        .queryName(name)
-        .option("checkpointLocation", str(stream_dir / "checkpoint"))
-        .start()
-    )
-    try:
-        handle = watch.audit(query, [right, left])
+
+    def feed(query: Any) -> None:
         for lrows, rrows in PAIRS:
             commit("left", lrows)
             if rrows:
                 commit("right", rrows)
             query.processAllAvailable()
-        assert handle.sync(120), handle.status()
-        progress = list(query.recentProgress)
-        output = [r.asDict(recursive=True) for r in spark.table(name).collect()]
-        metrics = {
-            side: registry.get_sample_value(
-                "wmwatch_late_rows_audited_by_operator_total",
-                {"query": name, "operator": "0", "kind": "join", "side": side},
-            )
-            for side in ("left", "right")
-        }
-        handle.stop()
-    finally:
-        query.stop()
-        watch.close()
-    with duckdb.connect(str(db), read_only=True) as con:
-        by_input = con.execute(
-            "SELECT late_rows_by_input::VARCHAR FROM audit_batches "
-            "WHERE late_rows_by_input IS NOT NULL"
-        ).fetchall()
-    result = {
-        "progress": progress,
-        "output": output,
-        "late": late_rows_of(db),
-        "by_input": [json.loads(r[0]) for r in by_input],
-        "metrics": metrics,
-    }
+
+    result = audited_run(
+        spark,
+        stream_dir,
+        range_join("inner")(left, right),
+        [right, left],
+        name="delta_join",
+        feed=feed,
+    )
+    result["late"] = result["late_join"]
     check_join(result, sides=("left", "right"))
     # the same rows as the file-source scenario: 5, 10 and 16 exactly on the watermark
     assert sorted(side_ids(result, "left")) == [4, 5, 9, 10, 12]
@@ -603,7 +526,7 @@ def test_column_added_mid_stream_stops_the_stream_and_the_restart_is_audited_exa
         for q in spark.streams.active:
             q.stop()
         watch.close()
-    found = history(db)
+    found = stored(db)
     # Delta 4.4 stops the stream at the additive change and asks for a restart
     assert failure is not None and "DELTA_SCHEMA_CHANGED_WITH_VERSION" in failure
     for status in (first, second):
@@ -687,7 +610,7 @@ def test_stream_from_a_starting_timestamp_is_audited_from_the_version_delta_star
     finally:
         query.stop()
         watch.close()
-    found = history(db)
+    found = stored(db)
     audited = sorted(json.loads(r[8])["id"] for r in found["late"])
     assert audited and len(audited) == dropped_by_watermark(progress)
     # every row from commit 2 on is either emitted or audited late; none before it is either

@@ -15,9 +15,9 @@ import duckdb
 import pytest
 
 import wmwatch
-from tests.helpers import offsets_moved, py4j_calls
-from tests.test_audit_delta_spark import append
-from tests.test_audit_spark import DELAY, dropped_by_watermark, stream_files
+from tests.harness.checks import dropped_by_watermark, offsets_moved, py4j_calls
+from tests.harness.delta import append
+from tests.harness.streams import DELAY, stream_files
 from wmwatch._audit.replay.sources.base import SOURCE_FILE_COL as _FILE
 from wmwatch._checkpoint.reader import CheckpointReader
 

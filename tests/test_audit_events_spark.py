@@ -17,19 +17,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import wmwatch
-from tests.helpers import write_events
-from tests.test_audit_spark import (
-    DELAY,
-    SCHEMA,
+from tests.harness.audited import run_audited
+from tests.harness.checks import (
     assert_marks_complete,
     assert_windows_balance,
     check_dedupe,
     dropped_by_watermark,
     final_watermark_ms,
-    run_audited,
-    stream_files,
-    ts,
 )
+from tests.harness.streams import DELAY, SCHEMA, stream_files, ts, write_events
 from wmwatch._audit.replay.events import as_written
 from wmwatch._errors import AuditError
 

@@ -17,20 +17,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-import duckdb
 import pytest
-from prometheus_client import CollectorRegistry
 
-import wmwatch
-from tests.helpers import write_events
-from tests.test_audit_spark import (
-    DELAY,
-    SCHEMA,
-    assert_windows_balance,
-    dropped_by_watermark,
-    final_watermark_ms,
-    ts,
-)
+from tests.harness.audited import audited_run
+from tests.harness.checks import assert_windows_balance, dropped_by_watermark, final_watermark_ms
+from tests.harness.streams import DELAY, SCHEMA, ts, write_events
 
 pytestmark = pytest.mark.spark
 
@@ -69,38 +60,27 @@ def test_glob_characters_in_file_names_keep_the_audit_exact(spark: Any, stream_d
     for name, pairs in DECOYS:
         write_events(folder, rows_of(pairs), name=name)
     events = spark.readStream.schema(SCHEMA).json(str(folder)).withWatermark("ts", DELAY)
-    name = "hostile_file_names"
-    db = stream_dir / "history.duckdb"
-    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=CollectorRegistry())
-    query = (
-        events.groupBy(F.window("ts", "10 seconds"))
-        .count()
-        .writeStream.format("memory")
-        .queryName(name)
-        .outputMode("append")
-        .option("checkpointLocation", str(stream_dir / "checkpoint"))
-        .start()
-    )
-    try:
-        handle = watch.audit(query, events)
+
+    def feed(query: Any) -> None:
         query.processAllAvailable()
         for file_name, pairs in HOSTILE:
             write_events(folder, rows_of(pairs), name=file_name)
             query.processAllAvailable()
-        assert handle.sync(120), handle.status()
-        status = handle.status()
-        progress = list(query.recentProgress)
-        output = [r.asDict(recursive=True) for r in spark.table(name).collect()]
-        handle.stop()
-    finally:
-        query.stop()
-        watch.close()
-    with duckdb.connect(str(db), read_only=True) as con:
-        late = con.execute(
-            "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), lateness_seconds, "
-            "epoch_ms(window_start_at), epoch_ms(window_end_at), operator_kind, source_file, "
-            "row_data::VARCHAR FROM late_rows"
-        ).fetchall()
+
+    result = audited_run(
+        spark,
+        stream_dir,
+        events.groupBy(F.window("ts", "10 seconds")).count(),
+        events,
+        name="hostile_file_names",
+        feed=feed,
+    )
+    status, progress, output, late = (
+        result["status"],
+        result["progress"],
+        result["output"],
+        result["late"],
+    )
     assert status["last_error"] is None and status["late_rows"] == len(late)
     # every hostile file was read by the query itself, each in its own batch
     files_read = [s["numInputRows"] for p in progress for s in p["sources"] if s["numInputRows"]]

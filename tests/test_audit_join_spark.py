@@ -12,46 +12,17 @@ watermark; it is run with one file pair per batch and again with availableNow ba
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
-from prometheus_client import CollectorRegistry
 
-import wmwatch
-from tests.helpers import write_events
-from wmwatch._checkpoint.reader import CheckpointReader
+from tests.harness.audited import audited_run
+from tests.harness.checks import check_join, dropped_by_watermark, side_ids
+from tests.harness.joins import PAIRS, pair_streams, range_join, run_join, write_pair
+from tests.harness.streams import DELAY
 
 pytestmark = pytest.mark.spark
-
-DELAY = "10 seconds"
-LEFT_SCHEMA = "lid int, lk string, lt timestamp"
-RIGHT_SCHEMA = "rid int, rk string, rt timestamp"
-
-
-def ts(second: int) -> str:
-    minute, sec = divmod(second, 60)
-    return f"2026-01-01T00:{minute:02d}:{sec:02d}Z"
-
-
-# One (left rows, right rows) pair per batch: (id, key, second). With both sides watermarked
-# the global watermark is min(max left, max right) - 10 s.
-PAIRS: list[tuple[list[tuple[int, str, int]], list[tuple[int, str, int]]]] = [
-    ([(1, "a", 1), (2, "b", 4), (3, "c", 20)], [(101, "a", 2), (102, "b", 5), (103, "c", 21)]),
-    # judged against 10: left 3 and 10 (exactly on it) late, right 4 late: both sides at once
-    ([(4, "d", 3), (5, "e", 10), (6, "f", 25)], [(104, "d", 4), (107, "e", 11), (106, "f", 26)]),
-    # judged against 15: left 14 late; the right input is idle, so the watermark waits for it
-    # at 16 however far the left runs ahead
-    ([(8, "g", 40), (9, "h", 14)], []),
-    # judged against 16: left 16 (exactly) late, right 14 late, right 17 kept
-    ([(10, "i", 16), (11, "j", 30)], [(110, "i", 17), (111, "j", 14), (112, "g", 41)]),
-    # late on both sides however the batches ran (a join whose state is never cleaned runs
-    # no no-data batch, so its late rows are judged a batch later)
-    ([(12, "k", 2)], [(113, "k", 3)]),
-    ([(99, "z", 1000)], [(199, "z", 1000)]),  # moves the watermark past everything
-]
 
 
 def ts_iso_ms(epoch_ms: int) -> str:
@@ -59,153 +30,6 @@ def ts_iso_ms(epoch_ms: int) -> str:
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def run_join(
-    spark: Any,
-    folder: Path,
-    build: Callable[[Any, Any], Any],
-    *,
-    name: str,
-    batching: str,
-    watermark: str = "both",
-    left_side: Callable[[Any], Any] | None = None,
-    right_side: Callable[[Any], Any] | None = None,
-    **audit_options: Any,
-) -> dict[str, Any]:
-    """Run ``build(left, right)`` with the audit on; ``left_side``/``right_side`` shape an input
-    before the join (and are the audit's ``prepare`` for it); ``audit_options`` go to audit()."""
-    (folder / "l").mkdir(parents=True)
-    (folder / "r").mkdir(parents=True)
-    left_reader = spark.readStream.schema(LEFT_SCHEMA)
-    right_reader = spark.readStream.schema(RIGHT_SCHEMA)
-    if batching == "bulk":
-        for lrows, rrows in PAIRS:
-            write_events(folder / "l", [{"lid": i, "lk": k, "lt": ts(s)} for i, k, s in lrows])
-            if rrows:
-                write_events(folder / "r", [{"rid": i, "rk": k, "rt": ts(s)} for i, k, s in rrows])
-        left_reader = left_reader.option("maxFilesPerTrigger", 1)
-        right_reader = right_reader.option("maxFilesPerTrigger", 1)
-    left = left_reader.json(str(folder / "l"))
-    right = right_reader.json(str(folder / "r"))
-    if watermark in ("both", "left"):
-        left = left.withWatermark("lt", DELAY)
-    if watermark in ("both", "right"):
-        right = right.withWatermark("rt", DELAY)
-    if left_side is not None:
-        left = left_side(left)
-    if right_side is not None:
-        right = right_side(right)
-    writer = (
-        build(left, right)
-        .writeStream.format("memory")
-        .queryName(name)
-        .outputMode("append")
-        .option("checkpointLocation", str(folder / "checkpoint"))
-    )
-    if batching == "bulk":
-        writer = writer.trigger(availableNow=True)
-    db = folder / "history.duckdb"
-    registry = CollectorRegistry()
-    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry)
-    query = writer.start()
-    try:
-        handle = watch.audit(  # inputs in any order
-            query, [right, left], prepare=[right_side, left_side], **audit_options
-        )
-        if batching == "bulk":
-            query.awaitTermination(180)
-        else:
-            for lrows, rrows in PAIRS:
-                write_events(folder / "l", [{"lid": i, "lk": k, "lt": ts(s)} for i, k, s in lrows])
-                if rrows:
-                    write_events(
-                        folder / "r", [{"rid": i, "rk": k, "rt": ts(s)} for i, k, s in rrows]
-                    )
-                query.processAllAvailable()
-        assert handle.sync(120), handle.status()
-        status = handle.status()
-        progress = list(query.recentProgress)
-        output = [r.asDict(recursive=True) for r in spark.table(name).collect()]
-        metrics = {
-            side: registry.get_sample_value(
-                "wmwatch_late_rows_audited_by_operator_total",
-                {"query": name, "operator": "0", "kind": "join", "side": side},
-            )
-            for side in ("left", "right")
-        }
-        handle.stop()
-    finally:
-        query.stop()
-        watch.close()
-    late = late_rows_of(db)
-    with duckdb.connect(str(db), read_only=True) as con:
-        by_input = con.execute(
-            "SELECT late_rows_by_input::VARCHAR FROM audit_batches "
-            "WHERE late_rows_by_input IS NOT NULL"
-        ).fetchall()
-    return {
-        "status": status,
-        "progress": progress,
-        "output": output,
-        "late": late,
-        "by_input": [json.loads(r[0]) for r in by_input],
-        "metrics": metrics,
-        "checkpoint": CheckpointReader(str(folder / "checkpoint")),
-    }
-
-
-def late_rows_of(db: Path) -> list[tuple[Any, ...]]:
-    with duckdb.connect(str(db), read_only=True) as con:
-        return con.execute(
-            "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), operator_kind, "
-            "operator_index, join_side, source_index, join_key, row_data::VARCHAR FROM late_rows"
-        ).fetchall()
-
-
-def dropped(progress: list[dict[str, Any]]) -> int:
-    return sum(
-        op.get("numRowsDroppedByWatermark", 0) for p in progress for op in p["stateOperators"]
-    )
-
-
-def side_ids(result: dict[str, Any], side: str) -> list[int]:
-    column = "lid" if side == "left" else "rid"
-    return [json.loads(r[8])[column] for r in result["late"] if r[5] == side]
-
-
-def check_join(result: dict[str, Any], *, sides: tuple[str, ...]) -> None:
-    late = result["late"]
-    assert late, "the scenario produced no late rows"
-    for _batch, event_ms, wm_ms, kind, op_index, side, source_index, key, _data in late:
-        assert kind == "join" and op_index == 0 and side in sides
-        assert event_ms <= wm_ms  # on the watermark is late
-        assert source_index == (0 if side == "left" else 1)
-        assert key is not None and json.loads(key)  # the key whose match the row lost
-    audited = {s: side_ids(result, s) for s in ("left", "right")}
-    for side, ids in audited.items():
-        assert len(ids) == len(set(ids)), f"a {side} row was audited twice"
-        assert result["metrics"][side] in ((None, 0.0) if not ids else (float(len(ids)),))
-    # Spark counts the join's drops for both sides together
-    assert len(late) == dropped(result["progress"])
-    # no audited row reached the output, not even null-padded by an outer join
-    emitted_left = {r.get("lid") for r in result["output"]} - {None}
-    emitted_right = {r.get("rid") for r in result["output"]} - {None}
-    assert not set(audited["left"]) & emitted_left
-    assert not set(audited["right"]) & emitted_right
-    # the markers count every late row per side, and agree with the kept rows
-    counted = {"left": 0, "right": 0}
-    for batch in result["by_input"]:
-        for item in batch:
-            counted[item["side"]] += item["rows"]
-    assert counted == {s: len(audited[s]) for s in counted}
-
-
-def range_join(how: str) -> Callable[[Any, Any], Any]:
-    from pyspark.sql import functions as F
-
-    condition = F.expr("lk = rk AND lt BETWEEN rt - INTERVAL 5 SECONDS AND rt + INTERVAL 5 SECONDS")
-    return lambda left, right: left.join(right, condition, how)
 
 
 @pytest.mark.parametrize(
@@ -361,31 +185,15 @@ def test_union_of_two_sources_balances(
     late = result["late"]
     assert late
     assert {r[6] for r in late} == {0, 1}  # late rows from both sources
-    assert len(late) == dropped(result["progress"])
+    assert len(late) == dropped_by_watermark(result["progress"])
     emitted = {r["lid"] for r in result["output"]}
     assert not {json.loads(r[8])["lid"] for r in late} & emitted
 
 
-def write_pair(folder: Path, index: int) -> None:
-    lrows, rrows = PAIRS[index]
-    write_events(folder / "l", [{"lid": i, "lk": k, "lt": ts(s)} for i, k, s in lrows])
-    if rrows:
-        write_events(folder / "r", [{"rid": i, "rk": k, "rt": ts(s)} for i, k, s in rrows])
-
-
 def run_union(spark: Any, folder: Path, batching: str) -> dict[str, Any]:
     """Like run_join, but the right source is renamed before the watermark: it needs prepare."""
-    (folder / "l").mkdir(parents=True)
-    (folder / "r").mkdir(parents=True)
-    left_reader = spark.readStream.schema(LEFT_SCHEMA)
-    right_reader = spark.readStream.schema(RIGHT_SCHEMA)
-    if batching == "bulk":
-        for index in range(len(PAIRS)):
-            write_pair(folder, index)
-        left_reader = left_reader.option("maxFilesPerTrigger", 1)
-        right_reader = right_reader.option("maxFilesPerTrigger", 1)
-    left = left_reader.json(str(folder / "l")).withWatermark("lt", DELAY)
-    raw_right = right_reader.json(str(folder / "r"))
+    raw_left, raw_right = pair_streams(spark, folder, batching)
+    left = raw_left.withWatermark("lt", DELAY)
 
     def rename(frame: Any) -> Any:
         return (
@@ -396,32 +204,22 @@ def run_union(spark: Any, folder: Path, batching: str) -> dict[str, Any]:
         )
 
     right = rename(raw_right).withWatermark("lt", DELAY)
-    query_frame = left.unionByName(right).dropDuplicates(["lk", "lt"])
-    db = folder / "history.duckdb"
-    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=CollectorRegistry())
-    writer = (
-        query_frame.writeStream.format("memory")
-        .queryName(f"union_dedupe_{batching}")
-        .outputMode("append")
-        .option("checkpointLocation", str(folder / "checkpoint"))
-    )
-    if batching == "bulk":
-        writer = writer.trigger(availableNow=True)
-    query = writer.start()
-    try:
-        handle = watch.audit(query, [left, right], prepare=[None, rename])
+
+    def feed(query: Any) -> None:
         if batching == "bulk":
             query.awaitTermination(180)
         for index in range(len(PAIRS)) if batching == "each" else ():
             write_pair(folder, index)
             query.processAllAvailable()
-        assert handle.sync(120), handle.status()
-        progress = list(query.recentProgress)
-        output = [
-            r.asDict(recursive=True) for r in spark.table(f"union_dedupe_{batching}").collect()
-        ]
-        handle.stop()
-    finally:
-        query.stop()
-        watch.close()
-    return {"late": late_rows_of(db), "progress": progress, "output": output}
+
+    result = audited_run(
+        spark,
+        folder,
+        left.unionByName(right).dropDuplicates(["lk", "lt"]),
+        [left, right],
+        name=f"union_dedupe_{batching}",
+        feed=feed,
+        available_now=batching == "bulk",
+        prepare=[None, rename],
+    )
+    return {**result, "late": result["late_join"]}

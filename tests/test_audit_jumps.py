@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from tests.test_store import progress
+from tests.harness.handmade import progress
 from wmwatch._audit.jumps.rules import (
     BatchTimes,
     Thresholds,

@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
 import wmwatch
-from tests.helpers import free_port, write_events
+from tests.harness.net import free_port
+from tests.harness.streams import write_events
 from wmwatch.cli import app
 
 pytestmark = pytest.mark.spark
@@ -153,7 +154,7 @@ def test_file_stream_names_the_row_that_moved_the_watermark(spark: Any, stream_d
 def test_kafka_stream_names_partition_and_offset(spark: Any, kafka: str, tmp_path: Path) -> None:
     from confluent_kafka import Producer
 
-    from tests.test_audit_kafka_spark import kafka_stream, new_topic, written
+    from tests.harness.kafka import kafka_stream, new_topic, written
 
     name = "jump_kafka"
     topic = new_topic(kafka)

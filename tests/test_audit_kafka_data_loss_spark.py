@@ -14,17 +14,9 @@ from typing import Any
 import duckdb
 import pytest
 
-from tests.test_audit_kafka_spark import (
-    PARTITIONS,
-    SCHEMA,
-    event_stream,
-    kafka_stream,
-    new_topic,
-    parse,
-    per_batch_dropped,
-    produce,
-    ts,
-)
+from tests.harness.checks import per_batch_dropped
+from tests.harness.kafka import PARTITIONS, event_stream, kafka_stream, new_topic, parse, produce
+from tests.harness.streams import SCHEMA, ts
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

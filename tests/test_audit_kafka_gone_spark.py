@@ -22,18 +22,10 @@ import duckdb
 import pytest
 
 import wmwatch
-from tests.helpers import iso, offsets_moved
-from tests.test_audit_kafka_spark import (
-    PARTITIONS,
-    SCHEMA,
-    event_stream,
-    kafka_stream,
-    new_topic,
-    parse,
-    per_batch_dropped,
-    produce,
-    ts,
-)
+from tests.harness.checks import offsets_moved, per_batch_dropped
+from tests.harness.handmade import iso
+from tests.harness.kafka import PARTITIONS, event_stream, kafka_stream, new_topic, parse, produce
+from tests.harness.streams import SCHEMA, ts
 from wmwatch._checkpoint.reader import CheckpointReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]

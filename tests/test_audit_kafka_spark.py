@@ -18,16 +18,31 @@ from typing import Any
 
 import pytest
 
-from tests import kafka_broker
-from tests.kafka_broker import produce
+from tests.harness.checks import (
+    assert_windows_balance,
+    check_dedupe,
+    check_join,
+    dropped_by_watermark,
+    final_watermark_ms,
+    per_batch_dropped,
+    tumbling_counts,
+)
+from tests.harness.joins import LEFT_SCHEMA, RIGHT_SCHEMA
+from tests.harness.kafka import (
+    PARTITIONS,
+    event_stream,
+    kafka_stream,
+    new_topic,
+    new_topic_named,
+    parse,
+    produce,
+    produce_events,
+    run_kafka,
+    written,
+)
+from tests.harness.streams import SCHEMA, ts
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
-
-PARTITIONS = 3
-
-
-def new_topic(bootstrap: str, partitions: int = PARTITIONS) -> str:
-    return kafka_broker.new_topic(bootstrap, partitions)
 
 
 def test_spark_reads_the_broker(spark: Any, kafka: str) -> None:
@@ -45,57 +60,10 @@ def test_spark_reads_the_broker(spark: Any, kafka: str) -> None:
     assert {r["partition"]: r["count"] for r in rows} == {0: 2, 1: 2, 2: 2}
 
 
-SCHEMA = "id int, user string, ts timestamp"
-LEFT_SCHEMA = "lid int, lk string, lt timestamp"
-RIGHT_SCHEMA = "rid int, rk string, rt timestamp"
 # (name, records per trigger): small batches make other rows late than large ones. A batch's
 # rows are judged by the watermark logged before it, which the batch before that set, so
 # "large" still needs several batches to have late rows at all.
 BATCHINGS = [("small", 9), ("large", 15)]
-
-
-def ts(second: int) -> str:
-    minute, sec = divmod(second, 60)
-    hour, minute = divmod(minute, 60)
-    return f"2026-01-01T{hour:02d}:{minute:02d}:{sec:02d}Z"
-
-
-def event_stream(seed: int, count: int = 60) -> list[tuple[int, int, str]]:
-    """``(partition, second, user)`` in production order: time moves forward about 2 s a record
-    across the 3 partitions, every fifth record is 30-90 s behind (in turn in each partition),
-    a few repeat an earlier (user, second); one last record moves the watermark past
-    everything."""
-    import random
-
-    rng = random.Random(seed)
-    out: list[tuple[int, int, str]] = []
-    for i in range(count):
-        partition = i % PARTITIONS
-        if out and rng.random() < 0.1:
-            _, second, user = rng.choice(out)
-        elif i % 5 == 4:  # every partition gets its share of late records
-            second, user = max(0, 2 * i - rng.randint(30, 90)), rng.choice("abcd")
-        else:
-            second, user = 2 * i, rng.choice("abcd")
-        out.append((partition, second, user))
-    out.append((0, 10_000, "flush"))
-    return out
-
-
-def written(raw: Any, schema: str, *extra: str) -> Any:
-    """``events`` as a Kafka query writes it: the value as text, parsed, the fields selected,
-    records that are not events (no id) filtered out and a column added; the caller adds
-    ``withWatermark``."""
-    from pyspark.sql import functions as F
-
-    key = schema.split()[0]  # id, lid or rid
-    return (
-        raw.selectExpr("CAST(value AS STRING) AS json", *extra)
-        .select(F.from_json("json", schema).alias("j"), *extra)
-        .select("j.*", *extra)
-        .where(F.col(key).isNotNull())
-        .withColumn(f"{key}_twice", F.col(key) * 2)
-    )
 
 
 def assert_replayed_as_written(late: list[Any], key: str = "id") -> None:
@@ -104,134 +72,11 @@ def assert_replayed_as_written(late: list[Any], key: str = "id") -> None:
     assert rows and all(r[f"{key}_twice"] == 2 * r[key] for r in rows), rows[:3]
 
 
-def parse(schema: str, *extra: str) -> Any:
-    """A transformation of Kafka records (JSON values) by hand, for ``prepare=``."""
-    from pyspark.sql import functions as F
-
-    def prepare(raw: Any) -> Any:
-        parsed = F.from_json(F.col("value").cast("string"), schema).alias("j")
-        return raw.select(parsed, *extra).select("j.*", *extra)
-
-    return prepare
-
-
-def kafka_stream(
-    spark: Any, bootstrap: str, topic: str, per_trigger: int | None, **options: str
-) -> Any:
-    reader = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .options(**options)
-    )
-    if per_trigger is not None:
-        reader = reader.option("maxOffsetsPerTrigger", per_trigger)
-    return reader.load()
-
-
-def run_kafka(
-    spark: Any,
-    folder: Any,
-    query_frame: Any,
-    events: list[Any],
-    prepares: list[Any] | None = None,
-    *,
-    name: str,
-    before_audit: Any = None,
-) -> dict[str, Any]:
-    """Run ``query_frame`` until it has read every record, audit it, and collect what the
-    checks need. ``before_audit(query)`` runs between the query and the audit's start."""
-    import duckdb
-    from prometheus_client import CollectorRegistry
-
-    import wmwatch
-    from tests.test_audit_join_spark import late_rows_of
-    from wmwatch._checkpoint.reader import CheckpointReader
-
-    db = folder / "history.duckdb"
-    registry = CollectorRegistry()
-    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry)
-    query = (
-        query_frame.writeStream.format("memory")
-        .queryName(name)
-        .outputMode("append")
-        .option("checkpointLocation", str(folder / "checkpoint"))
-        .start()
-    )
-    try:
-        if before_audit is None:
-            # from the start, as in production: progress lets it skip batches with no late row
-            handle = watch.audit(query, events, prepare=prepares)
-            query.processAllAvailable()
-        else:
-            query.processAllAvailable()
-            before_audit(query)
-            handle = watch.audit(query, events, prepare=prepares)
-        assert handle.sync(180), handle.status()
-        status = handle.status()
-        progress = list(query.recentProgress)
-        output = [r.asDict(recursive=True) for r in spark.table(name).collect()]
-        metrics = {
-            side: registry.get_sample_value(
-                "wmwatch_late_rows_audited_by_operator_total",
-                {"query": name, "operator": "0", "kind": "join", "side": side},
-            )
-            for side in ("left", "right")
-        }
-        handle.stop()
-    finally:
-        query.stop()
-        watch.close()
-    with duckdb.connect(str(db), read_only=True) as con:
-        late = con.execute(
-            "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), lateness_seconds, "
-            "epoch_ms(window_start_at), epoch_ms(window_end_at), operator_kind, source_file, "
-            "row_data::VARCHAR FROM late_rows"
-        ).fetchall()
-        marks = con.execute(
-            "SELECT batch_id, late_rows, sink, location FROM audit_batches"
-        ).fetchall()
-        by_input = con.execute(
-            "SELECT late_rows_by_input::VARCHAR FROM audit_batches "
-            "WHERE late_rows_by_input IS NOT NULL"
-        ).fetchall()
-    return {
-        "status": status,
-        "progress": progress,
-        "output": output,
-        "late": late,
-        "late_join": late_rows_of(db),
-        "marks": marks,
-        "by_input": [json.loads(r[0]) for r in by_input],
-        "metrics": metrics,
-        "checkpoint": CheckpointReader(str(folder / "checkpoint")),
-    }
-
-
-def produce_events(bootstrap: str, topic: str, stream: list[tuple[int, int, str]]) -> list[Any]:
-    """The stream's events, after a record per partition that is not JSON (which ``events``
-    filters out); returns the events."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "all"})
-    for partition in range(PARTITIONS):
-        producer.produce(topic, b"not json", partition=partition)
-    assert producer.flush(30) == 0
-    rows = [{"id": i, "user": u, "ts": ts(s)} for i, (_, s, u) in enumerate(stream)]
-    produce(bootstrap, topic, [(p, row) for (p, _, _), row in zip(stream, rows, strict=True)])
-    return rows
-
-
 @pytest.mark.parametrize(("batching", "per_trigger"), BATCHINGS)
 def test_kafka_windowed_count_is_exact(
     spark: Any, kafka: str, tmp_path: Any, batching: str, per_trigger: int
 ) -> None:
-    from collections import Counter
-
     from pyspark.sql import functions as F
-
-    from tests.test_audit_spark import assert_windows_balance, final_watermark_ms
 
     topic = new_topic(kafka)
     rows = produce_events(kafka, topic, event_stream(seed=3))
@@ -245,11 +90,9 @@ def test_kafka_windowed_count_is_exact(
         [events],
         name=f"kafka_window_{batching}",
     )
-    expected = Counter(
-        (s // 10 * 10_000, s // 10 * 10_000 + 10_000) for s in (int(sec_of(r["ts"])) for r in rows)
-    )
+    expected = tumbling_counts([r["ts"] for r in rows])
     wm_ms = final_watermark_ms(result["progress"])
-    assert_windows_balance(dict(expected), result["output"], result["late"], wm_ms)
+    assert_windows_balance(expected, result["output"], result["late"], wm_ms)
     # Spark counts late groups per batch (after merging partial aggregates), not rows
     assert len({(r[0], r[4]) for r in result["late"]}) == dropped_by_watermark(result["progress"])
     assert result["status"]["late_rows"] == len(result["late"])
@@ -259,23 +102,10 @@ def test_kafka_windowed_count_is_exact(
     assert_replayed_as_written(result["late"])
 
 
-def sec_of(iso: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-
-
-def dropped_by_watermark(progress: list[dict[str, Any]]) -> int:
-    return sum(
-        op.get("numRowsDroppedByWatermark", 0) for p in progress for op in p["stateOperators"]
-    )
-
-
 @pytest.mark.parametrize(("batching", "per_trigger"), BATCHINGS)
 def test_kafka_drop_duplicates_is_exact(
     spark: Any, kafka: str, tmp_path: Any, batching: str, per_trigger: int
 ) -> None:
-    from tests.test_audit_spark import check_dedupe
 
     topic = new_topic(kafka)
     rows = produce_events(kafka, topic, event_stream(seed=5))
@@ -303,8 +133,6 @@ def test_kafka_stream_stream_join_is_exact(
     spark: Any, kafka: str, tmp_path: Any, batching: str, per_trigger: int
 ) -> None:
     from pyspark.sql import functions as F
-
-    from tests.test_audit_join_spark import check_join
 
     left_topic, right_topic = new_topic(kafka), new_topic(kafka)
     left_stream, right_stream = event_stream(seed=11), event_stream(seed=12)
@@ -339,13 +167,6 @@ def test_kafka_stream_stream_join_is_exact(
     for row in (json.loads(r[8]) for r in result["late"]):
         key = "lid" if "lid" in row else "rid"
         assert row[f"{key}_twice"] == 2 * row[key], row
-
-
-def per_batch_dropped(progress: list[dict[str, Any]]) -> dict[int, int]:
-    return {
-        p["batchId"]: sum(op.get("numRowsDroppedByWatermark", 0) for op in p["stateOperators"])
-        for p in progress
-    }
 
 
 def test_kafka_partition_added_mid_stream(spark: Any, kafka: str, tmp_path: Any) -> None:
@@ -556,11 +377,3 @@ def test_kafka_topic_matched_by_pattern_mid_stream(spark: Any, kafka: str, tmp_p
     assert {r["id"] for r in late} >= {600, 602}
     assert {r["topic"] for r in late} >= {f"{prefix}_b"}
     assert result["status"]["batches_lost"] == 0 and result["status"]["errors"] == 0
-
-
-def new_topic_named(bootstrap: str, name: str) -> str:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(30)
-    return name

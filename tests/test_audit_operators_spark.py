@@ -19,15 +19,9 @@ from prometheus_client import CollectorRegistry
 
 import wmwatch
 from tests.audit_crash_driver import seen_processor, seen_rows
-from tests.helpers import write_events
-from tests.test_audit_spark import (
-    DELAY,
-    SCHEMA,
-    all_rows,
-    dropped_by_watermark,
-    run_audited,
-    stream_files,
-)
+from tests.harness.audited import run_audited
+from tests.harness.checks import dropped_by_watermark
+from tests.harness.streams import DELAY, SCHEMA, all_rows, stream_files, write_events
 
 pytestmark = pytest.mark.spark
 

@@ -17,7 +17,8 @@ from typing import Any
 import duckdb
 import pytest
 
-from tests.test_audit_join_spark import PAIRS, dropped, range_join, run_join
+from tests.harness.checks import dropped_by_watermark
+from tests.harness.joins import PAIRS, range_join, run_join
 from wmwatch._audit.replay.engine import hmac_pads
 
 pytestmark = pytest.mark.spark
@@ -69,7 +70,7 @@ def test_join_keys_follow_columns_and_hash_columns_with_a_hash_key(
         hash_key=HASH_KEY,
     )
     late = result["late"]
-    assert late and len(late) == dropped(result["progress"])  # still exact
+    assert late and len(late) == dropped_by_watermark(result["progress"])  # still exact
     right_keys = {i: k for _, rrows in PAIRS for i, k, _ in rrows}
     sides = {"left": 0, "right": 0}
     for *_, side, _source, join_key, row_data in late:

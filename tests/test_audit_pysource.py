@@ -11,9 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
-from prometheus_client import CollectorRegistry
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceStreamReader,
@@ -21,7 +19,8 @@ from pyspark.sql.datasource import (
     SimpleDataSourceStreamReader,
 )
 
-import wmwatch
+from tests.harness.audited import audited_run
+from tests.harness.checks import dropped_by_watermark
 from wmwatch._audit.replay.sources.base import relation_of
 from wmwatch._audit.replay.sources.python import (
     PythonBatchSource,
@@ -178,36 +177,23 @@ def test_audit_of_a_python_source_balances(spark: Any, stream_dir: Path, step: i
     def prepare(raw: Any) -> Any:
         return raw.withColumn("ts", F.timestamp_seconds("epoch"))
 
-    db = stream_dir / "h.duckdb"
-    query = (
-        events.dropDuplicates(["id", "ts"])
-        .writeStream.format("memory")
-        .queryName(f"pysource_dedupe_{step}")
-        .outputMode("append")
-        .option("checkpointLocation", str(stream_dir / "checkpoint"))
-        .start()
+    result = audited_run(
+        spark,
+        stream_dir,
+        events.dropDuplicates(["id", "ts"]),
+        events,
+        name=f"pysource_dedupe_{step}",
+        feed=lambda query: query.processAllAvailable(),
+        prepare=prepare,
     )
-    try:
-        with wmwatch.attach(
-            spark, db=str(db), metrics_port=None, registry=CollectorRegistry()
-        ) as watch:
-            handle = watch.audit(query, events, prepare=prepare)
-            query.processAllAvailable()
-            assert handle.sync(120), handle.status()
-            handle.stop()
-            progress = list(query.recentProgress)
-            output = {r["id"] for r in spark.table(f"pysource_dedupe_{step}").collect()}
-    finally:
-        query.stop()
-    with duckdb.connect(str(db), read_only=True) as con:
-        late = con.execute("SELECT row_data::VARCHAR, source_file FROM late_rows").fetchall()
+    output = {r["id"] for r in result["output"]}
+    late = [(r[8], r[7]) for r in result["late"]]
     ids = [json.loads(data)["id"] for data, _ in late]
     assert ids and len(ids) == len(set(ids))
     assert all(source is None for _, source in late)
     assert not set(ids) & output
     assert sorted(set(ids) | output) == list(range(80))
-    dropped = sum(op["numRowsDroppedByWatermark"] for p in progress for op in p["stateOperators"])
-    assert len(ids) == dropped
+    assert len(ids) == dropped_by_watermark(result["progress"])
 
 
 _NO_WMWATCH = """

@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 import wmwatch
-from tests.helpers import free_port, write_events
-from tests.test_audit_spark import ts
+from tests.harness.net import free_port
+from tests.harness.streams import ts, write_events
 
 pytestmark = pytest.mark.spark
 

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import wmwatch
-from tests.helpers import write_events
+from tests.harness.streams import write_events
 from wmwatch._checkpoint.reader import (
     DEFAULT_MIN_BATCHES_TO_RETAIN,
     MIN_BATCHES_TO_RETAIN_KEY,

@@ -11,10 +11,8 @@ rows are late in the two runs, and both must balance.
 from __future__ import annotations
 
 import json
-import random
 import stat
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,254 +22,22 @@ from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
 import wmwatch
-from tests.helpers import write_events
+from tests.harness.audited import late_rows, run_audited
+from tests.harness.checks import (
+    assert_moved_by_no_data_batch,
+    assert_windows_balance,
+    batch_window_counts,
+    check_dedupe,
+    check_windows,
+    dropped_by_watermark,
+    final_watermark_ms,
+)
+from tests.harness.streams import DELAY, SCHEMA, stream_files, write_events
 from wmwatch._checkpoint.reader import CheckpointReader, HadoopFileSystem
 from wmwatch._errors import AuditError
 from wmwatch.cli import app
 
 pytestmark = pytest.mark.spark
-
-SCHEMA = "id int, user string, ts timestamp"
-DELAY = "10 seconds"
-
-
-def ts(second: int) -> str:
-    minute, sec = divmod(second, 60)
-    hour, minute = divmod(minute, 60)
-    return f"2026-01-01T{hour:02d}:{minute:02d}:{sec:02d}Z"
-
-
-# (id, user, second). Comments give what the tumbling 10 s window query sees with one file per
-# batch; Spark runs a no-data batch after each file that moves the watermark.
-EDGE_FILES: list[list[tuple[int, str, int]]] = [
-    [(1, "a", 1), (2, "b", 4), (3, "c", 12), (4, "a", 25)],  # watermark -> 15
-    # filtered with 15 (set by the no-data batch): ts 3 and 5 share the closed window [0,10);
-    # ts 10 is behind the watermark but its window [10,20) is open, so it counts
-    [(5, "late", 3), (6, "open", 10), (7, "late", 5), (8, "a", 40)],  # watermark -> 30
-    # filtered with 30: ts 20's window ends exactly on the watermark (dropped); for the
-    # deduplications ts 30 is exactly on the watermark (dropped)
-    [(9, "edge", 20), (10, "x", 21), (11, "y", 30), (12, "z", 31), (13, "a", 35), (14, "a", 25)],
-]
-
-
-def stream_files(seed: int = 7) -> list[list[dict[str, Any]]]:
-    rng = random.Random(seed)
-    files = [list(f) for f in EDGE_FILES]
-    next_id = 100
-    seen: list[tuple[str, int]] = [(u, s) for f in files for (_, u, s) in f]
-    for k in range(3):
-        base = 50 + 15 * k
-        rows = []
-        for _ in range(7):
-            if rng.random() < 0.25:
-                user, second = rng.choice(seen)  # a plain duplicate of an earlier row
-            else:
-                user, second = rng.choice("abcd"), base + rng.randint(-30, 8)
-            rows.append((next_id, user, second))
-            seen.append((user, second))
-            next_id += 1
-        files.append(rows)
-    files.append([(999, "flush", 1000)])  # moves the watermark past every other window
-    return [[{"id": i, "user": u, "ts": ts(s)} for (i, u, s) in f] for f in files]
-
-
-def run_audited(
-    spark: Any,
-    folder: Path,
-    build: Callable[[Any], Any],
-    *,
-    batching: str,
-    name: str,
-    sink: str = "duckdb",
-    files: list[list[dict[str, Any]]] | None = None,
-    read: Callable[[Any, str], Any] | None = None,
-    **audit_options: Any,
-) -> dict[str, Any]:
-    """Run ``build(events)`` over the stream with the audit on; return what the checks need.
-
-    ``read(reader, folder)`` makes events from the stream reader (default: JSON with
-    :data:`SCHEMA`, watermarked on ``ts``); ``files`` replaces :func:`stream_files`.
-    """
-    files = files if files is not None else stream_files()
-    reader = spark.readStream
-    if batching == "bulk":
-        for f in files:
-            write_events(folder / "in", f)
-        reader = reader.option("maxFilesPerTrigger", 2)
-    if read is not None:
-        events = read(reader, str(folder / "in"))
-    else:
-        events = reader.schema(SCHEMA).json(str(folder / "in")).withWatermark("ts", DELAY)
-    writer = (
-        build(events)
-        .writeStream.format("memory")
-        .queryName(name)
-        .outputMode("append")
-        .option("checkpointLocation", str(folder / "checkpoint"))
-    )
-    if batching == "bulk":
-        writer = writer.trigger(availableNow=True)
-    db = folder / "history.duckdb"
-    registry = CollectorRegistry()
-    watch = wmwatch.attach(spark, db=str(db), metrics_port=None, registry=registry)
-    query = writer.start()
-    try:
-        if sink == "parquet":
-            audit_options.setdefault("parquet_path", str(folder / "late"))
-        handle = watch.audit(query, events, sink=sink, **audit_options)
-        if batching == "bulk":
-            query.awaitTermination(120)
-        else:
-            for f in files:
-                write_events(folder / "in", f)
-                query.processAllAvailable()
-        assert handle.sync(120), handle.status()
-        status = handle.status()
-        progress = list(query.recentProgress)
-        output = [r.asDict(recursive=True) for r in spark.table(name).collect()]
-        metrics = {
-            s: registry.get_sample_value(s, {"query": name})
-            for s in (
-                "wmwatch_late_rows_audited_total",
-                "wmwatch_audit_lag_batches",
-                "wmwatch_audit_errors_total",
-            )
-        }
-        handle.stop()
-    finally:
-        query.stop()
-        watch.close()
-    with duckdb.connect(str(db), read_only=True) as con:
-        late = con.execute(
-            "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), lateness_seconds, "
-            "epoch_ms(window_start_at), epoch_ms(window_end_at), operator_kind, source_file, "
-            "row_data::VARCHAR FROM late_rows"
-        ).fetchall()
-        marks = con.execute(
-            "SELECT batch_id, late_rows, sink, location FROM audit_batches"
-        ).fetchall()
-    return {
-        "status": status,
-        "progress": progress,
-        "output": output,
-        "late": late,
-        "marks": marks,
-        "metrics": metrics,
-        "files": files,
-        "checkpoint": CheckpointReader(str(folder / "checkpoint")),
-    }
-
-
-def all_rows(files: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    return [r for f in files for r in f]
-
-
-def sec(iso: str) -> int:
-    from datetime import datetime
-
-    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp())
-
-
-def final_watermark_ms(progress: list[dict[str, Any]]) -> int:
-    return max(
-        int(sec(p["eventTime"]["watermark"]) * 1000)
-        for p in progress
-        if p["eventTime"].get("watermark")
-    )
-
-
-def dropped_by_watermark(progress: list[dict[str, Any]]) -> int:
-    return sum(
-        op.get("numRowsDroppedByWatermark", 0) for p in progress for op in p["stateOperators"]
-    )
-
-
-def assert_marks_complete(result: dict[str, Any]) -> None:
-    committed = result["checkpoint"].committed_batches()
-    marked = sorted(b for b, *_ in result["marks"])
-    assert marked == committed
-    per_batch = Counter(r[0] for r in result["late"])
-    for batch_id, late_rows, _, _ in result["marks"]:
-        if result["marks"][0][2] == "duckdb":
-            assert per_batch.get(batch_id, 0) == late_rows
-
-
-def assert_moved_by_no_data_batch(reader: CheckpointReader) -> None:
-    """The stream must contain a no-data batch that moved the watermark before a data batch."""
-    found = False
-    for b in reader.committed_batches()[1:-1]:
-        prev, cur = reader.offsets(b - 1), reader.offsets(b)
-        assert prev is not None and cur is not None
-        if (
-            not reader.batch_files(b)
-            and cur.watermark_ms != prev.watermark_ms
-            and reader.batch_files(b + 1)
-        ):
-            found = True
-    assert found, "the scenario lost its watermark-moving no-data batch"
-
-
-def batch_window_counts(
-    spark: Any, folder: Path, window: str, slide: str
-) -> dict[tuple[int, int], int]:
-    """Counts per window from a plain batch query over all the input: the ground truth."""
-    from pyspark.sql import functions as F
-
-    rows = (
-        spark.read.schema(SCHEMA)
-        .json(str(folder / "in"))
-        .groupBy(F.window("ts", window, slide))
-        .count()
-        .collect()
-    )
-    return {
-        (
-            int(r["window"]["start"].timestamp() * 1000),
-            int(r["window"]["end"].timestamp() * 1000),
-        ): r["count"]
-        for r in rows
-    }
-
-
-def assert_windows_balance(
-    expected: dict[tuple[int, int], int], output: list[dict[str, Any]], late: list[Any], wm_ms: int
-) -> None:
-    """For every closed window: emitted count + audited rows == count over all input."""
-    emitted = {
-        (
-            int(r["window"]["start"].timestamp() * 1000),
-            int(r["window"]["end"].timestamp() * 1000),
-        ): r["count"]
-        for r in output
-    }
-    audited = Counter((r[4], r[5]) for r in late)
-    assert audited, "the scenario produced no late rows"
-    for window in audited:
-        assert window[1] <= wm_ms
-    closed = [w for w in expected if w[1] <= wm_ms]
-    assert len(closed) >= 8
-    for window in closed:
-        assert emitted.get(window, 0) + audited.get(window, 0) == expected[window], window
-
-
-def check_windows(
-    result: dict[str, Any], spark: Any, folder: Path, window: str, slide: str
-) -> None:
-    wm_ms = final_watermark_ms(result["progress"])
-    expected = batch_window_counts(spark, folder, window, slide)
-    assert_windows_balance(expected, result["output"], result["late"], wm_ms)
-    # Spark counts late groups per batch (after merging partial aggregates), not rows.
-    assert len({(r[0], r[4]) for r in result["late"]}) == dropped_by_watermark(result["progress"])
-    assert result["status"]["late_rows"] == len(result["late"])
-    assert result["metrics"]["wmwatch_late_rows_audited_total"] == len(result["late"])
-    # an availableNow run ends by itself; its audit then finishes what the run committed and
-    # ends, after which it no longer exports a lag
-    assert result["metrics"]["wmwatch_audit_lag_batches"] in (0, None)
-    assert result["status"]["lag_batches"] == 0
-    assert result["metrics"]["wmwatch_audit_errors_total"] == 0
-    for _, _, wm, _, _, w_end, kind, source, _ in result["late"]:
-        assert kind == "window" and w_end <= wm and source and source.startswith("/")
-    assert_marks_complete(result)
 
 
 @pytest.mark.parametrize("batching", ["each", "bulk"])
@@ -317,29 +83,6 @@ def test_sliding_window_conservation(spark: Any, stream_dir: Path, batching: str
         # ts 10 with watermark 15: late for [5,15), counted in [10,20)
         windows_of_6 = [(r[4], r[5]) for r in result["late"] if '"id":6,' in r[8]]
         assert len(windows_of_6) == 1
-
-
-def check_dedupe(result: dict[str, Any], key: Callable[[dict[str, Any]], Any], kind: str) -> None:
-    import json
-
-    rows = all_rows(result["files"])
-    emitted_ids = {r["id"] for r in result["output"]}
-    audited_ids = [json.loads(r[8])["id"] for r in result["late"]]
-    assert audited_ids, "the scenario produced no late rows"
-    assert len(audited_ids) == len(set(audited_ids))  # no row audited twice
-    assert not set(audited_ids) & emitted_ids  # the audit never claims a row the query kept
-    emitted_keys = {key(r) for r in rows if r["id"] in emitted_ids}
-    for row in rows:
-        if row["id"] not in emitted_ids and row["id"] not in audited_ids:
-            assert key(row) in emitted_keys, (
-                f"row {row} vanished: neither emitted, late, nor a duplicate"
-            )
-    # for deduplication Spark counts dropped input rows, so the totals must agree exactly
-    assert len(audited_ids) == dropped_by_watermark(result["progress"])
-    for _batch_id, event_ms, wm, lateness, w_start, w_end, op_kind, _, _ in result["late"]:
-        assert op_kind == kind and event_ms <= wm and w_start is None and w_end is None
-        assert lateness == pytest.approx((wm - event_ms) / 1000)
-    assert_marks_complete(result)
 
 
 @pytest.mark.parametrize("batching", ["each", "bulk"])
@@ -394,8 +137,8 @@ def test_parquet_sink_balances_and_is_idempotent(spark: Any, stream_dir: Path) -
             f"FROM read_parquet({[loc + '/*.parquet' for loc in locations]!r})"
         ).fetchall()
     per_batch = Counter(r[0] for r in late)
-    for batch_id, late_rows, _, _location in result["marks"]:
-        assert per_batch.get(batch_id, 0) == late_rows
+    for batch_id, marked, _, _location in result["marks"]:
+        assert per_batch.get(batch_id, 0) == marked
     # late rows are row payloads: owner-only whatever the umask (Spark writes 0644/0755)
     for loc in locations:
         folder = Path(loc)
@@ -461,12 +204,8 @@ def test_restart_resumes_without_loss_or_duplicates(spark: Any, stream_dir: Path
     finally:
         query.stop()
     assert first["batches_audited"] > 0 and second["batches_audited"] > 0
+    late = late_rows(db)
     with duckdb.connect(str(db), read_only=True) as con:
-        late = con.execute(
-            "SELECT batch_id, epoch_ms(event_time_at), epoch_ms(watermark_at), lateness_seconds, "
-            "epoch_ms(window_start_at), epoch_ms(window_end_at), operator_kind, source_file, "
-            "row_data::VARCHAR FROM late_rows"
-        ).fetchall()
         marks = dict(con.execute("SELECT batch_id, late_rows FROM audit_batches").fetchall())
     assert len(late) == len(set(late))
     assert sorted(marks) == CheckpointReader(str(stream_dir / "checkpoint")).committed_batches()

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import wmwatch
-from tests.helpers import write_events
+from tests.harness.streams import write_events
 from tests.shifted_checkpoint import shift_checkpoint
 from wmwatch._checkpoint.reader import CheckpointReader
 

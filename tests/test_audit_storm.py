@@ -19,8 +19,6 @@ from typing import Any
 import duckdb
 import pytest
 
-from tests.connect_server import connect_server
-
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 ROWS = 2_000_000
@@ -51,11 +49,11 @@ def test_two_million_late_rows_in_one_batch(tmp_path: Path) -> None:
     check_storm(run_storm(tmp_path, ROWS), tmp_path, ROWS)
 
 
-def test_late_row_storm_on_spark_connect(tmp_path: Path) -> None:
-    """The same on a Spark Connect server: the rows come to the client chunk by chunk."""
+def test_late_row_storm_on_spark_connect(tmp_path: Path, connect_url: str) -> None:
+    """The same on a Spark Connect server (the run's one): the rows come to the client chunk by
+    chunk."""
     rows = 400_000
-    with connect_server(tmp_path / "server") as url:
-        result = run_storm(tmp_path / "run", rows, "--remote", url)
+    result = run_storm(tmp_path / "run", rows, "--remote", connect_url)
     check_storm(result, tmp_path / "run", rows)
 
 

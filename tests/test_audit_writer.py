@@ -15,46 +15,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.test_store import progress
-from wmwatch._audit.report.section import (
+from tests.harness.handmade import ROWS, US, T, progress
+from wmwatch._audit.report.advice import (
     WindowGrid,
     extra_windows_in_state,
-    parquet_late_column,
     state_advice_from_quantile,
     window_grid,
 )
+from wmwatch._audit.report.folders import parquet_late_column
 from wmwatch._audit.sinks import BatchLateRows, _batch_writer, _pending_writer
 from wmwatch._report.build import build_report
 from wmwatch._report.reading import open_history
 from wmwatch._report.render import report_dict
 from wmwatch._store.writer import HistoryStore
-
-T = 1_767_225_600  # 2026-01-01T00:00:00Z in seconds
-US = 1_000_000
-
-
-def late(
-    event_s: int, start_s: int | None, end_s: int | None, source: str, data: str
-) -> tuple[Any, ...]:
-    return (
-        event_s * US,
-        None if start_s is None else start_s * US,
-        None if end_s is None else end_s * US,
-        source,
-        data,
-        "window",
-        0,
-        None,
-        0,
-        None,
-    )
-
-
-ROWS = [
-    late(T + 3, T, T + 10, "/in/a.json", '{"id":5}'),
-    late(T + 5, T, T + 10, "/in/a.json", '{"id":7}'),
-    late(T + 12, T + 10, T + 20, "/in/b.json", '{"id":9}'),
-]
 
 
 def write(

@@ -12,6 +12,14 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from tests.harness.handmade import (
+    AGGREGATE_METADATA,
+    JOIN_METADATA,
+    QUERY_ID,
+    T0_MS,
+    add_state,
+    make_checkpoint,
+)
 from wmwatch._checkpoint.history import (
     CheckpointHistoryError,
     batches_to_count,
@@ -25,64 +33,6 @@ from wmwatch._checkpoint.history import (
 )
 from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch.cli import app
-
-QUERY_ID = "8108f535-4e0a-404f-807f-886cb667e31c"
-# 2026-01-01T00:00:00Z in epoch ms
-T0_MS = 1_767_225_600_000
-AGGREGATE_METADATA = (
-    'v1\n{"operatorInfo":{"operatorId":0,"operatorName":"stateStoreSave"},'
-    '"stateStoreInfo":[{"storeName":"default","numColsPrefixKey":0,"numPartitions":2}]}'
-)
-JOIN_METADATA = (
-    'v1\n{"operatorInfo":{"operatorId":1,"operatorName":"symmetricHashJoin"},"stateStoreInfo":['
-    + ",".join(
-        f'{{"storeName":"{side}-{kind}","numColsPrefixKey":0,"numPartitions":4}}'
-        for side in ("left", "right")
-        for kind in ("keyToNumValues", "keyWithIndexToValue")
-    )
-    + "]}"
-)
-
-
-def offsets_text(watermark_ms: int, timestamp_ms: int, *lines: str) -> str:
-    meta = {
-        "batchWatermarkMs": watermark_ms,
-        "batchTimestampMs": timestamp_ms,
-        "conf": {"spark.sql.streaming.multipleWatermarkPolicy": "min"},
-    }
-    return "\n".join(["v1", json.dumps(meta), *lines])
-
-
-def make_checkpoint(root: Path, batches: int = 4, committed: int | None = None) -> Path:
-    """A checkpoint of a one-file-source windowed count: batch N read log entry N // 2 (a data
-    batch, then the no-data batch that moves the watermark); the last batch is uncommitted
-    unless ``committed`` says how many are."""
-    committed = batches - 1 if committed is None else committed
-    (root / "offsets").mkdir(parents=True)
-    (root / "commits").mkdir()
-    (root / "metadata").write_text(json.dumps({"id": QUERY_ID}))
-    for n in range(batches):
-        watermark = 0 if n == 0 else T0_MS + 5_000 * n
-        (root / "offsets" / str(n)).write_text(
-            offsets_text(watermark, T0_MS + 60_000 + 1_000 * n, json.dumps({"logOffset": n // 2}))
-        )
-        (root / "offsets" / f".{n}.crc").write_bytes(b"crc")
-        if n < committed:
-            (root / "commits" / str(n)).write_text(
-                "v1\n" + json.dumps({"nextBatchWatermarkMs": watermark})
-            )
-    return root
-
-
-def add_state(root: Path, versions: range) -> None:
-    meta = root / "state" / "0" / "_metadata"
-    meta.mkdir(parents=True)
-    (meta / "metadata").write_text(AGGREGATE_METADATA)
-    for partition in ("0", "1"):
-        folder = root / "state" / "0" / partition
-        folder.mkdir(exist_ok=True)
-        for version in versions:
-            (folder / f"{version}.delta").write_bytes(b"")
 
 
 def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:

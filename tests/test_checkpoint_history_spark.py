@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 import wmwatch
-from tests.helpers import write_events
+from tests.harness.streams import write_events
 from wmwatch._checkpoint.history import read_checkpoint
 from wmwatch._checkpoint.reader import CheckpointReader, HadoopFileSystem
 from wmwatch.cli import app

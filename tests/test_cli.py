@@ -14,7 +14,8 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_store import REPO, progress
+from tests.harness.cli import one_line
+from tests.harness.handmade import REPO, progress
 from wmwatch._store.schema import LATEST_VERSION
 from wmwatch._store.writer import HistoryStore
 from wmwatch.cli import app
@@ -35,12 +36,6 @@ def db(tmp_path: Path) -> Path:
 def invoke(*args: str) -> tuple[int, str, str]:
     result = runner.invoke(app, list(args))
     return result.exit_code, result.stdout, result.stderr
-
-
-def one_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    assert len(lines) == 1, text
-    return lines[0]
 
 
 def test_table_report_for_people(db: Path) -> None:

@@ -25,7 +25,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from tests.helpers import free_port
+from tests.harness.net import free_port
 from wmwatch.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import wmwatch
-from tests.helpers import iso
+from tests.harness.streams import epoch_seconds
 from wmwatch._inspect.plugin import PlanPlugin
 
 pytestmark = [pytest.mark.spark, pytest.mark.connect]
@@ -68,7 +68,7 @@ def test_spark_connect_queries_are_watched_with_the_stock_listener(
         assert watch.health.listener_mode == "stock"
         assert snap is not None and snap.batch_id == last["batchId"]
         assert snap.watermark_at is not None
-        assert snap.watermark_at.timestamp() == iso(last["eventTime"]["watermark"])
+        assert snap.watermark_at.timestamp() == epoch_seconds(last["eventTime"]["watermark"])
         # started before attach: the history starts at the query's first batch, each batch once
         assert recorded == expected == list(range(len(expected)))
         assert watch.queries()[0].batches_total == len(expected)

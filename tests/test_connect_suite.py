@@ -2,8 +2,9 @@
 
 A process is either a Spark Connect client or classic PySpark (pyspark's functions follow the
 mode of the process), so these run in a pytest of their own with ``WMWATCH_TEST_SPARK=connect``:
-its ``spark`` fixture starts a real Spark Connect server process
-(``sbin/start-connect-server.sh``) and connects to it over loopback. The same data and the same
+its ``spark`` fixture connects over loopback to the run's real Spark Connect server process
+(``sbin/start-connect-server.sh``, the ``connect_url`` fixture) and its ``kafka`` fixture uses
+the run's broker. The same data and the same
 balance checks then run through the server: the audit reads the checkpoint through the session,
 takes the plan from the query's explain text and its sources' positions from progress, and
 fetches late rows over gRPC; the watch follows each input's watermark from progress alone.
@@ -18,6 +19,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import CONNECT_URL_VARIABLE, KAFKA_VARIABLE
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -63,9 +66,17 @@ CONNECT_TESTS = (
 )
 
 
-def test_exactness_tests_pass_on_a_spark_connect_server(tmp_path: Path) -> None:
+def test_exactness_tests_pass_on_a_spark_connect_server(
+    tmp_path: Path, connect_url: str, kafka: str
+) -> None:
     junit = tmp_path / "connect.xml"
-    env = {**os.environ, "WMWATCH_TEST_SPARK": "connect"}
+    # the run's own server and broker: the pytest below starts neither again
+    env = {
+        **os.environ,
+        "WMWATCH_TEST_SPARK": "connect",
+        CONNECT_URL_VARIABLE: connect_url,
+        KAFKA_VARIABLE: kafka,
+    }
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     run = subprocess.run(
         [

@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -18,6 +17,7 @@ from grafana_foundation_sdk.models import dashboard as dashboard_models
 from grafana_foundation_sdk.models import prometheus as prometheus_models
 
 from dashboards import generate
+from tests.harness.metrics import expressions, load, panels
 from tests.prom_servers import PROMTOOL, require
 
 ROOT = generate.ROOT
@@ -52,21 +52,9 @@ BRIEF_METRICS = {
 }  # fmt: skip
 
 
-def panels(board: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in board["panels"] if p["type"] != "row"]
-
-
-def expressions(board: dict[str, Any]) -> list[str]:
-    return [t["expr"] for p in panels(board) for t in p["targets"]]
-
-
 def metric_names(expr: str) -> set[str]:
     names = set(re.findall(r"\bwmwatch_[a-z_]+", expr))
     return {re.sub(r"_(bucket|sum|count)$", "", n) if "handling" in n else n for n in names}
-
-
-def load(uid: str) -> dict[str, Any]:
-    return dict(json.loads((ROOT / generate.DASHBOARD_DIR / f"{uid}.json").read_text()))
 
 
 def test_the_three_dashboards_are_committed() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from tests.helpers import self_signed_cert
+from tests.harness.net import self_signed_cert
 from wmwatch import ConfigError, MetricsServerError
 from wmwatch._metrics.exporter import serve_metrics
 

@@ -23,9 +23,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import wmwatch
-from tests.helpers import write_events
+from tests.harness.handmade import progress
+from tests.harness.streams import write_events
 from tests.scripts.safety_support import NoQueriesSession
-from tests.test_store import progress
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows
 from wmwatch._inspect.plugin import PlanPlugin
 from wmwatch._store.writer import HistoryStore

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import wmwatch
-from tests.helpers import write_events
+from tests.harness.streams import write_events
 from wmwatch._inspect.joins import (
     EVENT_TIME_EQUALITY,
     NO_TIME_CONDITION,

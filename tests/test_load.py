@@ -33,7 +33,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 import wmwatch
-from tests.helpers import free_port, write_events
+from tests.harness.net import free_port
+from tests.harness.streams import write_events
 from tests.scripts.safety_support import NoQueriesSession, progress_event_json, rss_bytes
 from wmwatch._core.plugins import WatchPlugin
 from wmwatch.cli import app

@@ -28,7 +28,9 @@ from prometheus_client.parser import text_string_to_metric_families
 import wmwatch
 from tests import kafka_broker
 from tests import otelcol_server as otelcol
-from tests.helpers import free_port, iso, write_events
+from tests.harness.handmade import iso
+from tests.harness.net import free_port
+from tests.harness.streams import write_events
 from wmwatch._metrics.otlp.names import BY_PROMETHEUS, METRICS, Mapped
 
 pytestmark = [pytest.mark.spark, pytest.mark.otel]

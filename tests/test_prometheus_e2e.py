@@ -25,9 +25,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from dashboards import alerts, generate
-from tests.helpers import free_port, write_events
+from tests.harness.metrics import expressions, load, panels
+from tests.harness.net import free_port
+from tests.harness.streams import write_events
 from tests.prom_servers import Prometheus, prometheus
-from tests.test_dashboards import expressions, load, panels
 
 pytestmark = [pytest.mark.spark, pytest.mark.prometheus]
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
+
+import pytest
+
 import wmwatch
 
 
@@ -43,3 +47,28 @@ def test_errors_keep_the_builtin_bases_callers_catch() -> None:
     assert issubclass(wmwatch.UnsupportedSourceError, wmwatch.AuditError)
     error = wmwatch.UnknownQueryError("no query 'nope' in the history (known: orders)")
     assert isinstance(error, wmwatch.WmwatchError) and "nope" in str(error)
+
+
+@pytest.mark.parametrize("method", ["audit", "audit_checkpoint"])
+def test_audit_options_are_typed_keywords_each_documented(method: str) -> None:
+    function = getattr(wmwatch.Watch, method)
+    signature = inspect.signature(function)
+    parameters = [p for p in signature.parameters.values() if p.name != "self"]
+    assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in parameters)
+    assert all(p.annotation is not inspect.Parameter.empty for p in parameters)
+    options = [p for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert len(options) >= 17
+    doc = inspect.getdoc(function) or ""
+    for parameter in parameters:
+        assert f":param {parameter.name}:" in doc or f"``{parameter.name}``" in doc, parameter
+    handle = wmwatch.AuditHandle if method == "audit" else wmwatch.SidecarHandle
+    assert signature.return_annotation in (handle.__name__, handle)
+
+
+def test_the_audit_handles_are_exported_with_their_methods() -> None:
+    assert issubclass(wmwatch.SidecarHandle, wmwatch.AuditHandle)
+    for name in ("status", "sync", "stop", "query_id", "spec", "__enter__", "__exit__"):
+        assert hasattr(wmwatch.AuditHandle, name)
+    assert callable(wmwatch.SidecarHandle.finish)
+    for handle in (wmwatch.AuditHandle, wmwatch.SidecarHandle):
+        assert handle.__module__.startswith("wmwatch.") and handle.__doc__

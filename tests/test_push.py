@@ -12,45 +12,14 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import free_port, write_events
+from tests.harness.metrics import progress, samples, watched_registry
+from tests.harness.net import free_port
+from tests.harness.streams import write_events
 from tests.prom_servers import pushgateway, recorder
-from wmwatch._core.health import Health
-from wmwatch._core.state import QueryBook
 from wmwatch._errors import ConfigError
 from wmwatch._events import parse_started, parse_terminated
-from wmwatch._metrics.collector import WatchCollector
 from wmwatch._metrics.push import PushPlugin
-from wmwatch._progress import parse_progress
-
-
-def progress(batch: int) -> Any:
-    return parse_progress(
-        {
-            "id": "q1", "runId": "r1", "name": "orders", "batchId": batch,
-            "timestamp": "2026-01-01T00:01:00.000Z", "numInputRows": 10,
-            "eventTime": {"watermark": f"2026-01-01T00:00:{batch % 60:02d}.000Z",
-                          "max": "2026-01-01T00:00:59.000Z"},
-            "stateOperators": [{"operatorName": "stateStoreSave", "numRowsTotal": 5,
-                                "numRowsDroppedByWatermark": 1}],
-        }
-    )  # fmt: skip
-
-
-def watched_registry() -> tuple[QueryBook, CollectorRegistry]:
-    book = QueryBook()
-    registry = CollectorRegistry()
-    registry.register(WatchCollector(book, Health(), queue_size=lambda: 0, queue_capacity=10))
-    return book, registry
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def wait_for(condition: Any, timeout: float = 30.0) -> None:

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import free_port, self_signed_cert
+from tests.harness.metrics import progress, samples, watched_registry
+from tests.harness.net import free_port, self_signed_cert
 from tests.prom_servers import Probe, pushgateway
-from tests.test_push import progress, samples, watched_registry
 from wmwatch._errors import ConfigError
 from wmwatch._metrics.push import PushPlugin
 

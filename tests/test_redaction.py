@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 import wmwatch
+from tests.harness.handmade import progress
 from tests.scripts.safety_support import NoQueriesSession
-from tests.test_store import progress
 from wmwatch._progress import clean_name, parse_progress, parse_progress_event
 from wmwatch._store.writer import HistoryStore
 from wmwatch._text import (

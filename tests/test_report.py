@@ -20,8 +20,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from tests.test_store import REPO, T0, progress
-from wmwatch._audit.report.section import watermark_delay_advice
+from tests.harness.handmade import REPO, T0, progress
+from wmwatch._audit.report.advice import watermark_delay_advice
 from wmwatch._errors import UnknownQueryError
 from wmwatch._events import parse_terminated
 from wmwatch._report.build import build_report, parse_since

@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests.chromium import Chromium, chromium_path
-from tests.helpers import write_events
+from tests.harness.streams import write_events
 from wmwatch._inspect.plugin import PlanPlugin
 from wmwatch._report.html_charts import minmax_downsample
 from wmwatch._store.writer import HistoryStore

@@ -31,7 +31,8 @@ from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
 import wmwatch
-from tests.helpers import free_port, iso, scrape, write_events
+from tests.harness.net import free_port, scrape
+from tests.harness.streams import epoch_seconds, write_events
 from tests.scripts.safety_support import NoQueriesSession, progress_doc
 from wmwatch._progress import parse_progress
 from wmwatch._store.writer import HistoryStore
@@ -379,7 +380,9 @@ def test_attach_records_the_batches_spark_still_holds_once_and_in_order(
     rows = batch_rows(db, str(query.id))
     assert [r[0] for r in rows] == [p["batchId"] for p in progress] == list(range(len(progress)))
     assert rows[0][0] == 0 and before[0] == 0  # history starts where Spark's memory starts
-    watermark_ms = {p["batchId"]: iso(p["eventTime"]["watermark"]) * 1000 for p in progress}
+    watermark_ms = {
+        p["batchId"]: epoch_seconds(p["eventTime"]["watermark"]) * 1000 for p in progress
+    }
     for (batch_id, watermark, late_watermark, input_rows), p in zip(rows, progress, strict=True):
         assert watermark == watermark_ms[batch_id]
         assert late_watermark == (watermark_ms[batch_id - 1] if batch_id > 0 else None)

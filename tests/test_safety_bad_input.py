@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 import wmwatch
-from tests.helpers import free_port
+from tests.harness.net import free_port
 from tests.scripts.safety_support import NoQueriesSession, progress_doc
 from wmwatch._core.listener import Py4jListener
 from wmwatch._store.schema import LATEST_VERSION

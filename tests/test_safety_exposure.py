@@ -32,7 +32,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import wmwatch
-from tests.helpers import free_port, self_signed_cert, write_events
+from tests.harness.net import free_port, self_signed_cert
+from tests.harness.streams import write_events
 from tests.scripts.safety_support import NoQueriesSession, progress_event_json
 
 

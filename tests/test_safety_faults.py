@@ -37,7 +37,8 @@ import pytest
 from prometheus_client import generate_latest
 
 import wmwatch
-from tests.helpers import free_port, scrape, write_events
+from tests.harness.net import free_port, scrape
+from tests.harness.streams import write_events
 from tests.scripts.safety_support import NoQueriesSession
 
 REPO = Path(__file__).resolve().parents[1]

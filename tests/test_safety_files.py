@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_audit_writer import ROWS, US, T, late
-from tests.test_store import progress
+from tests.harness.cli import one_line
+from tests.harness.handmade import ROWS, US, T, late, progress
 from wmwatch._audit.sinks import BatchLateRows, _batch_writer
 from wmwatch._cli.demo_job import MARKER, claim_workdir
 from wmwatch._errors import ConfigError, StoreError
@@ -35,12 +35,6 @@ SECRET = "TOP-SECRET-4f1c9a"
 def cli(*args: str) -> Any:
     # wide enough that no value wraps in the terminal report
     return CliRunner().invoke(app, list(args), env={"COLUMNS": "250"})
-
-
-def one_line(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    assert len(lines) == 1, text
-    return lines[0]
 
 
 # -- the demo's folder ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_safety_files import one_line
+from tests.harness.cli import one_line
 from wmwatch._errors import StoreError
 from wmwatch._store.writer import HistoryStore
 from wmwatch.cli import app

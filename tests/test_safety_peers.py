@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from tests.helpers import scrape, self_signed_cert
+from tests.harness.net import scrape, self_signed_cert
 from wmwatch._core.health import Health
 from wmwatch._core.state import QueryBook
 from wmwatch._metrics.collector import WatchCollector

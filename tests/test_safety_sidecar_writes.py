@@ -21,10 +21,10 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests import sidecar_defs
-from tests.helpers import sidecar_args, write_events
+from tests.harness.cli import one_line, sidecar_args
+from tests.harness.streams import write_events
 from tests.sidecar_defs import IN_VARIABLE
 from tests.sidecar_driver import many_files
-from tests.test_safety_files import one_line
 from wmwatch._checkpoint.reader import inside_checkpoint
 from wmwatch._errors import ConfigError
 from wmwatch.cli import app

@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests import sidecar_defs
-from tests.helpers import sidecar_args, write_events
+from tests.harness.cli import sidecar_args
+from tests.harness.streams import write_events
 from tests.sidecar_defs import IN_VARIABLE
 from tests.sidecar_driver import many_files
 from wmwatch._checkpoint.reader import CheckpointReader

@@ -8,25 +8,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.harness.cli import sidecar
+from tests.harness.handmade import fake_checkpoint
 from wmwatch.cli import app
 
 runner = CliRunner()
 
 
-def fake_checkpoint(folder: Path) -> Path:
-    """A folder with a checkpoint's metadata file, enough for the checks made before Spark."""
-    folder.mkdir()
-    (folder / "metadata").write_text('{"id":"5f1c0b1e-0000-4000-8000-000000000000"}')
-    return folder
-
-
-def invoke(*args: str) -> tuple[int, str]:
-    result = runner.invoke(app, ["sidecar", *args])
-    return result.exit_code, result.stderr
-
-
 def test_a_folder_that_is_no_checkpoint_is_one_line(tmp_path: Path) -> None:
-    code, err = invoke(
+    code, err = sidecar(
         "--checkpoint",
         str(tmp_path),
         "--events",
@@ -52,7 +42,7 @@ def test_an_events_function_that_is_not_there_is_one_line(
     tmp_path: Path, spec: str, says: str
 ) -> None:
     checkpoint = fake_checkpoint(tmp_path / "checkpoint")
-    code, err = invoke(
+    code, err = sidecar(
         "--checkpoint", str(checkpoint), "--events", spec, "--query", "tests.sidecar_defs:window"
     )
     assert code == 2
@@ -61,7 +51,7 @@ def test_an_events_function_that_is_not_there_is_one_line(
 
 def test_a_query_function_that_is_not_there_is_one_line(tmp_path: Path) -> None:
     checkpoint = fake_checkpoint(tmp_path / "checkpoint")
-    code, err = invoke(
+    code, err = sidecar(
         "--checkpoint",
         str(checkpoint),
         "--events",
@@ -89,7 +79,7 @@ def test_a_history_inside_the_checkpoint_is_refused_and_nothing_is_written(
     (tmp_path / "link").symlink_to(checkpoint, target_is_directory=True)
     db = checkpoint / where if not where.startswith("link/") else tmp_path / where
     before = sorted(p.relative_to(checkpoint) for p in checkpoint.rglob("*"))
-    code, err = invoke(
+    code, err = sidecar(
         "--checkpoint",
         str(checkpoint),
         "--events",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import duckdb
 
-from tests.test_checkpoint_history import QUERY_ID, T0_MS, add_state, make_checkpoint
+from tests.harness.handmade import QUERY_ID, T0_MS, add_state, make_checkpoint
 from wmwatch._audit.sidecar.history import SidecarHistory
 from wmwatch._audit.sinks import BatchLateRows
 from wmwatch._checkpoint.reader import CheckpointReader

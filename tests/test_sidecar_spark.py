@@ -18,7 +18,6 @@ import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -32,11 +31,18 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests import sidecar_defs
-from tests.helpers import write_events
+from tests.harness.cli import sidecar
+from tests.harness.crash import (
+    finish,
+    recorded_progress,
+    spark_dropped_by_batch,
+    start_driver,
+    status_lines,
+    wait_for_status,
+)
+from tests.harness.handmade import fake_checkpoint
+from tests.harness.streams import many_files, write_events
 from tests.sidecar_defs import IN_VARIABLE
-from tests.sidecar_driver import many_files
-from tests.test_audit_kafka_restart_spark import _progress, spark_dropped_by_batch
-from tests.test_sidecar_cli import fake_checkpoint, invoke
 from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch._errors import AuditError, ConfigError
 from wmwatch.cli import app
@@ -55,14 +61,7 @@ _LATE = (
 
 
 def _driver(folder: Path, shape: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.sidecar_driver", str(folder), shape, *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    return start_driver("tests.sidecar_driver", str(folder), shape, *args)
 
 
 def _sidecar(folder: Path, shape: str) -> subprocess.Popen[str]:
@@ -114,29 +113,10 @@ def _sidecar_process(folder: Path, shape: str, log: Any) -> subprocess.Popen[str
     )
 
 
-def _lines(proc: subprocess.Popen[str]) -> queue.Queue[dict[str, Any] | None]:
-    """A process's JSON lines as they come; None once its output ends."""
-    lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("{"):
-                lines.put(json.loads(line))
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return lines
-
-
 def _wait_for(
     lines: queue.Queue[dict[str, Any] | None], wanted: Callable[[dict[str, Any]], bool]
 ) -> dict[str, Any]:
-    while True:
-        status = lines.get(timeout=300)  # guards against a hang only
-        assert status is not None, "the process ended before the wanted status"
-        if wanted(status):
-            return status
+    return wait_for_status(lines, wanted, timeout=300)  # guards against a hang only
 
 
 def _hashes(folder: Path) -> dict[str, str]:
@@ -179,7 +159,7 @@ def test_sidecar_of_a_stopped_query_finds_what_the_in_job_audit_found(
 ) -> None:
     (tmp_path / "in").mkdir()
     production = _driver(tmp_path, "window", "files", "50", "audit")
-    done = _wait_for(_lines(production), lambda s: "done" in s)
+    done = _wait_for(status_lines(production), lambda s: "done" in s)
     assert production.wait(120) == 0 and done["done"] is True
     checkpoint = tmp_path / "checkpoint"
     before = _hashes(checkpoint)
@@ -303,7 +283,7 @@ def test_sidecar_keeps_up_with_a_running_query_through_sigkills(spark: Any, tmp_
         """Wait until the driver recorded Spark's progress of ``batch_id``: a kill after it can
         cut off only the progress of batches that read no input (checked at the end)."""
         deadline = time.monotonic() + 120  # guards against a hang only
-        while batch_id not in _progress(tmp_path):
+        while batch_id not in recorded_progress(tmp_path):
             assert time.monotonic() < deadline, f"no progress recorded for batch {batch_id}"
             time.sleep(0.05)
 
@@ -317,7 +297,7 @@ def test_sidecar_keeps_up_with_a_running_query_through_sigkills(spark: Any, tmp_
     side = _sidecar(tmp_path, "dedupe")
     second = side2 = None
     try:
-        side_lines = _lines(side)
+        side_lines = status_lines(side)
         batch = committed_reading(write(5), first)
         audited(side_lines, batch)  # the sidecar keeps up with the running query
         # SIGKILL the production driver right after a commit, then restart it
@@ -338,7 +318,7 @@ def test_sidecar_keeps_up_with_a_running_query_through_sigkills(spark: Any, tmp_
         for index in range(15, 20):
             write(index)
         side2 = _sidecar(tmp_path, "dedupe")
-        side2_lines = _lines(side2)
+        side2_lines = status_lines(side2)
         for index in range(20, 24):
             last = committed_reading(write(index), second)
         audited(side2_lines, last)
@@ -386,7 +366,7 @@ def test_events_that_raise_or_are_not_streaming_are_one_line(
     (tmp_path / "in").mkdir()
     monkeypatch.setenv(IN_VARIABLE, str(tmp_path / "in"))
     checkpoint = fake_checkpoint(tmp_path / "checkpoint")
-    code, err = invoke(
+    code, err = sidecar(
         "--checkpoint",
         str(checkpoint),
         "--events",
@@ -488,7 +468,7 @@ def test_what_spark_dropped_from_an_unreadable_source_is_unknown_never_zero(
     from prometheus_client import CollectorRegistry
     from pyspark.sql import functions as F
 
-    from tests.test_audit_spark import dropped_by_watermark
+    from tests.harness.checks import dropped_by_watermark
 
     def rate_events() -> Any:
         rate = spark.readStream.format("rate").option("rowsPerSecond", 40).load()
@@ -563,18 +543,19 @@ def test_sidecar_of_a_kafka_query_finds_what_spark_dropped(
     """A query over Kafka (the real broker) run to the end in another application with the
     in-job audit; the sidecar, a process of its own with the connector's jars, finds the same
     late records, per batch what Spark dropped, and the same batches and watermarks."""
+    from tests.harness.kafka import PARTITIONS, new_topic, produce, records
     from tests.kafka_broker import connector_jars
     from tests.sidecar_defs import KAFKA_VARIABLE, TOPIC_VARIABLE
-    from tests.test_audit_kafka_restart_spark import _driver as kafka_driver
-    from tests.test_audit_kafka_restart_spark import _records
-    from tests.test_audit_kafka_spark import PARTITIONS, new_topic, produce
 
     topic = new_topic(kafka)
-    records = _records(seed=83)
-    produce(kafka, topic, records)
-    production = kafka_driver(tmp_path, "finish", kafka, topic, "dedupe")
-    done = _wait_for(_lines(production), lambda s: "done" in s)
-    assert production.wait(240) == 0 and done["done"] is True and done["errors"] == 0, done
+    produced = records(seed=83)
+    produce(kafka, topic, produced)
+    done = finish(
+        "tests.audit_kafka_crash_driver",
+        *(str(tmp_path), "finish", kafka, topic, "dedupe"),
+        timeout=300,
+    )
+    assert done["errors"] == 0, done
     reader = CheckpointReader(str(tmp_path / "checkpoint"))
     committed = reader.committed_batches()
     before = _hashes(tmp_path / "checkpoint")
@@ -644,7 +625,7 @@ def test_sidecar_of_a_kafka_query_finds_what_spark_dropped(
     assert found == injob  # the same records, batches, watermarks, partitions and offsets
     assert sorted(marks) == committed
     late_ids = [json.loads(row[-1])["id"] for row in found]
-    partition_of = {row["id"]: p for p, row in records}
+    partition_of = {row["id"]: p for p, row in produced}
     assert len({partition_of[i] for i in late_ids}) >= min(2, PARTITIONS)
     # per batch, what Spark itself dropped (the deduplication counts input rows)
     dropped = spark_dropped_by_batch(tmp_path, reader)

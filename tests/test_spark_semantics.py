@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import write_events
+from tests.harness.streams import write_events
 
 pytestmark = pytest.mark.spark
 

@@ -20,72 +20,13 @@ from typing import Any
 import duckdb
 import pytest
 
+from tests.harness.handmade import REPO, T0, iso, progress
 from wmwatch._errors import StoreError
 from wmwatch._events import parse_started, parse_terminated
-from wmwatch._progress import ProgressSnapshot, parse_progress
+from wmwatch._progress import parse_progress
 from wmwatch._store.files import open_readonly
 from wmwatch._store.schema import LATEST_VERSION, apply_retention
 from wmwatch._store.writer import HistoryStore
-
-REPO = Path(__file__).resolve().parents[1]
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def iso(at: datetime) -> str:
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
-
-
-def progress(
-    batch_id: int,
-    *,
-    query_id: str = "q-1",
-    run_id: str = "run-1",
-    name: str | None = "clicks",
-    at: datetime | None = None,
-    input_rows: int = 10,
-    operators: int = 1,
-    dropped: int = 0,
-) -> ProgressSnapshot:
-    """A progress document shaped like Spark's for a windowed aggregation over files."""
-    batch_at = at or T0 + timedelta(seconds=10 * batch_id)
-    watermark = batch_at - timedelta(seconds=60)
-    doc: dict[str, Any] = {
-        "id": query_id,
-        "runId": run_id,
-        "name": name,
-        "batchId": batch_id,
-        "timestamp": iso(batch_at),
-        "batchDuration": 250,
-        "durationMs": {"addBatch": 200, "triggerExecution": 250},
-        "numInputRows": input_rows,
-        "eventTime": {
-            "watermark": iso(watermark),
-            "max": iso(watermark + timedelta(seconds=30)),
-            "min": iso(watermark - timedelta(seconds=5)),
-            "avg": iso(watermark + timedelta(seconds=10)),
-        },
-        "stateOperators": [
-            {
-                "operatorName": "stateStoreSave",
-                "numRowsTotal": 100 + batch_id,
-                "numRowsUpdated": 3,
-                "numRowsRemoved": 1,
-                "numRowsDroppedByWatermark": dropped,
-                "memoryUsedBytes": 4096,
-            }
-            for _ in range(operators)
-        ],
-        "sources": [
-            {
-                "description": "FileStreamSource[file:/data/in]",
-                "startOffset": {"logOffset": batch_id},
-                "endOffset": {"logOffset": batch_id + 1},
-                "numInputRows": input_rows,
-            }
-        ],
-        "sink": {"description": "FileSink[file:/data/out]", "numOutputRows": -1},
-    }
-    return parse_progress(doc)
 
 
 def rows(path: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

@@ -12,7 +12,8 @@ import duckdb
 import pytest
 
 import wmwatch
-from tests.helpers import free_port, iso, scrape, write_events
+from tests.harness.net import free_port, scrape
+from tests.harness.streams import epoch_seconds, write_events
 
 pytestmark = pytest.mark.spark
 
@@ -67,19 +68,19 @@ def test_endpoint_and_history_match_every_progress_event(spark: Any, stream_dir:
                 samples = scrape(watch.metrics_url)
                 q = (("query", "windowed_counts"),)
                 assert samples[("wmwatch_last_batch_id", q)] == last["batchId"]
-                assert samples[("wmwatch_watermark_seconds", q)] == iso(
+                assert samples[("wmwatch_watermark_seconds", q)] == epoch_seconds(
                     last["eventTime"]["watermark"]
                 )
                 with_data = [p for p in query.recentProgress if "max" in p["eventTime"]][-1]
-                assert samples[("wmwatch_event_time_max_seconds", q)] == iso(
+                assert samples[("wmwatch_event_time_max_seconds", q)] == epoch_seconds(
                     with_data["eventTime"]["max"]
                 )
-                assert samples[("wmwatch_event_time_min_seconds", q)] == iso(
+                assert samples[("wmwatch_event_time_min_seconds", q)] == epoch_seconds(
                     with_data["eventTime"]["min"]
                 )
                 assert samples[("wmwatch_batch_input_rows", q)] == last["numInputRows"]
                 assert samples[("wmwatch_watermark_lag_seconds", q)] == pytest.approx(
-                    iso(last["timestamp"]) - iso(last["eventTime"]["watermark"])
+                    epoch_seconds(last["timestamp"]) - epoch_seconds(last["eventTime"]["watermark"])
                 )
                 op = (
                     ("operator", "0"),
@@ -113,19 +114,20 @@ def test_endpoint_and_history_match_every_progress_event(spark: Any, stream_dir:
         watched = [p for batch_id, p in last_report.items() if batch_id in by_batch]
         assert len(watched) == len(rows) >= len(BATCHES)
         previous_watermark: dict[int, float] = {
-            p["batchId"]: iso(p["eventTime"]["watermark"]) * 1000 for p in query.recentProgress
+            p["batchId"]: epoch_seconds(p["eventTime"]["watermark"]) * 1000
+            for p in query.recentProgress
         }
         for progress in watched:
             row = by_batch[progress["batchId"]]
             assert row[1] == str(query.runId)
-            assert row[2] == iso(progress["eventTime"]["watermark"]) * 1000
+            assert row[2] == epoch_seconds(progress["eventTime"]["watermark"]) * 1000
             if (
                 progress["batchId"] - 1 in previous_watermark
                 and progress["batchId"] - 1 in by_batch
             ):
                 assert row[3] == previous_watermark[progress["batchId"] - 1]
             if "max" in progress["eventTime"]:
-                assert row[4] == iso(progress["eventTime"]["max"]) * 1000
+                assert row[4] == epoch_seconds(progress["eventTime"]["max"]) * 1000
             assert row[5] == progress["numInputRows"]
             assert row[6] == sum(
                 op["numRowsDroppedByWatermark"] for op in progress["stateOperators"]

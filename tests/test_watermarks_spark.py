@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
 import wmwatch
-from tests.helpers import write_events
+from tests.harness.streams import write_events
 from wmwatch._inspect.plugin import PlanPlugin
 from wmwatch.cli import app
 

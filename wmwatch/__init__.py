@@ -5,6 +5,7 @@ watch = wmwatch.attach(spark, db="wmwatch.duckdb", metrics_port=9108)
 """
 
 from wmwatch._attach import Watch, attach
+from wmwatch._audit.handle import AuditHandle, SidecarHandle
 from wmwatch._core.plugins import WatchPlugin
 from wmwatch._errors import (
     AuditError,
@@ -22,11 +23,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AuditError",
+    "AuditHandle",
     "ConfigError",
     "MetricsServerError",
     "OperatorProgress",
     "ProgressParseError",
     "ProgressSnapshot",
+    "SidecarHandle",
     "SourceProgress",
     "StoreError",
     "UnknownQueryError",

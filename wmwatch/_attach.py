@@ -4,7 +4,9 @@ A watch is a listener feeding a bounded queue, the worker thread that handles ea
 (:mod:`wmwatch._core.worker`), the query book, the history store, the metrics collector and
 endpoint, and the plugins. Nothing here ever raises into Spark; setup problems (port in use,
 unusable db) either raise (``strict=True``) or are logged once at ERROR and leave wmwatch running
-degraded, so a monitoring mistake never takes the watched job down.
+degraded, so a monitoring mistake never takes the watched job down. Over 500 lines because the
+public surface (``attach``, ``Watch.audit``, ``Watch.audit_checkpoint``) is typed and documented
+option by option here, where users and their editors read it.
 """
 
 from __future__ import annotations
@@ -13,13 +15,23 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
+from wmwatch._audit.handle import AuditHandle, SidecarHandle
+from wmwatch._audit.jumps.rules import DEFAULT_AHEAD_SECONDS, DEFAULT_JUMP_SECONDS
+from wmwatch._audit.options import (
+    DEFAULT_JOB_TIMEOUT_SECONDS,
+    DEFAULT_MAX_ROW_BYTES,
+    DEFAULT_MAX_ROWS_PER_BATCH,
+    DEFAULT_POOL,
+    AuditOptions,
+    Prepare,
+)
 from wmwatch._core.health import Health
 from wmwatch._core.listener import EventQueue, ListenerRegistration, seed_active_queries
 from wmwatch._core.options import DEFAULT_RETENTION_DAYS, WatchOptions
@@ -279,29 +291,179 @@ class Watch:
         """Copies of the state of every query being watched."""
         return self.book.snapshot()
 
-    def audit(self, query: Any, events: Any, **options: Any) -> Any:
-        """Divert the rows ``query`` drops behind its watermark into the audit table.
+    def audit(
+        self,
+        query: Any,
+        events: Any,
+        *,
+        prepare: Prepare | Sequence[Prepare | None] | None = None,
+        sink: str = "duckdb",
+        parquet_path: str | os.PathLike[str] | None = None,
+        columns: Sequence[str] | None = None,
+        hash_columns: Sequence[str] = (),
+        hash_key: bytes | str | None = None,
+        event_time: str | None = None,
+        delay: str | float | None = None,
+        window: str | float | None = None,
+        slide: str | float | None = None,
+        kind: str | None = None,
+        checkpoint: str | os.PathLike[str] | None = None,
+        pool: str = DEFAULT_POOL,
+        poll_interval_seconds: float = 1.0,
+        max_rows_per_batch: int = DEFAULT_MAX_ROWS_PER_BATCH,
+        max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+        job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
+        watermark_ahead_seconds: float = DEFAULT_AHEAD_SECONDS,
+        watermark_jump_seconds: float = DEFAULT_JUMP_SECONDS,
+    ) -> AuditHandle:
+        """Divert the rows ``query`` drops behind its watermark into the history
+        (``late_rows``), batch by batch, each late row once (docs/audit.md).
 
-        ``events``: the streaming DataFrame the query reads before its stateful operator, as
-        written (a list of them for a query with several inputs). Returns an ``AuditHandle``.
-        The options (``sink``, ``parquet_path``, ``columns``, ``hash_columns``, bounds, ...) are
-        described in docs/audit.md and in ``wmwatch._audit.start_audit``.
+        Each input's operator, join side, event-time column, delay and window come from the
+        query's plan; each batch is replayed through ``events`` as written (its parsing, filters
+        and new columns run over the batch's raw rows, on classic PySpark and Spark Connect).
+        What cannot be replayed (a non-deterministic expression, a stateful step inside
+        ``events``) is refused here with the reason. On Spark Connect a query that has not
+        planned a batch yet is read once it has (``status()["plan_known"]``); a plan that
+        cannot be audited then ends the audit with the reason in ``status()["last_error"]``.
+
+        :param query: the running ``StreamingQuery`` (what ``writeStream...start()`` returned).
+        :param events: the streaming DataFrame the query reads before its stateful operator,
+            as written; for a query with several inputs (a join, a union), a list of them, one
+            per source, in any order.
+        :param prepare: instead of ``events`` as written, the function that turns the raw
+            source DataFrame (read as a batch) into the same rows; a list of them (None where
+            not needed) for several inputs.
+        :param sink: ``"duckdb"`` (the late rows into the history) or ``"parquet"`` (written by
+            Spark under ``parquet_path``, the markers still in the history).
+        :param parquet_path: the folder for ``sink="parquet"``; with the DuckDB sink, where the
+            rows of a batch over ``max_rows_per_batch`` go.
+        :param columns: the columns kept in ``row_data`` and a join's ``join_key`` (an
+            allow-list; default all).
+        :param hash_columns: columns stored as SHA-256 of their value (HMAC-SHA256 with
+            ``hash_key``); each must be in ``columns`` when that is given.
+        :param hash_key: the HMAC key for ``hash_columns`` (bytes, or a str taken as UTF-8;
+            default ``$WMWATCH_HASH_KEY``), so that a dictionary of likely values cannot
+            reverse a hash without the key.
+        :param event_time: the event-time column, for a query with one audited input (default:
+            from the plan).
+        :param delay: the watermark delay (``"10 minutes"`` or seconds), for a query with one
+            audited input (default: from the plan).
+        :param window: the window length (``"5 minutes"`` or seconds), for a query with one
+            audited input (default: from the plan).
+        :param slide: the window slide (default: from the plan, or ``window``).
+        :param kind: the operator's late-row rule (``window``, ``dedupe``, ...) for a query with
+            one audited input (default: from the plan).
+        :param checkpoint: the query's checkpoint root (default: the one the query runs with).
+        :param pool: the FAIR scheduler pool the audit's Spark jobs run in.
+        :param poll_interval_seconds: how often the audit looks for new commits.
+        :param max_rows_per_batch: late rows of one batch kept in DuckDB at most (the rest are
+            counted, and written to ``parquet_path`` when given); 0 counts only.
+        :param max_row_bytes: ``row_data`` longer than this is kept as its size and SHA-256
+            (at least 64).
+        :param job_timeout_seconds: every Spark job of the audit is cancelled after this (and
+            retried later).
+        :param watermark_ahead_seconds: a batch whose largest event time is this far after the
+            batch's own time is recorded in ``watermark_jumps`` with the rows that moved the
+            watermark (docs/forensics-watermark.md).
+        :param watermark_jump_seconds: a batch whose watermark is this far above the batch
+            before's is recorded in ``watermark_jumps`` likewise.
+        :returns: the running audit.
+        :raises ConfigError: an option is wrong (the message says which and what to do).
+        :raises AuditError: the query cannot be audited (the message says why).
         """
-        from wmwatch._audit import start_audit
+        from wmwatch._audit.start import start_audit
 
-        return start_audit(self, query, events, **options)
+        options = AuditOptions(
+            prepare=prepare,
+            sink=sink,
+            parquet_path=parquet_path,
+            columns=columns,
+            hash_columns=hash_columns,
+            hash_key=hash_key,
+            event_time=event_time,
+            delay=delay,
+            window=window,
+            slide=slide,
+            kind=kind,
+            pool=pool,
+            poll_interval_seconds=poll_interval_seconds,
+            max_rows_per_batch=max_rows_per_batch,
+            max_row_bytes=max_row_bytes,
+            job_timeout_seconds=job_timeout_seconds,
+            watermark_ahead_seconds=watermark_ahead_seconds,
+            watermark_jump_seconds=watermark_jump_seconds,
+        )
+        return start_audit(self, query, events, options, checkpoint)
 
     def audit_checkpoint(
-        self, checkpoint: str | os.PathLike[str], events: Any, query: Any = None, **options: Any
-    ) -> Any:
+        self,
+        checkpoint: str | os.PathLike[str],
+        events: Any,
+        query: Any = None,
+        *,
+        name: str | None = None,
+        output_mode: str = "append",
+        prepare: Prepare | Sequence[Prepare | None] | None = None,
+        sink: str = "duckdb",
+        parquet_path: str | os.PathLike[str] | None = None,
+        columns: Sequence[str] | None = None,
+        hash_columns: Sequence[str] = (),
+        hash_key: bytes | str | None = None,
+        event_time: str | None = None,
+        delay: str | float | None = None,
+        window: str | float | None = None,
+        slide: str | float | None = None,
+        kind: str | None = None,
+        pool: str = DEFAULT_POOL,
+        poll_interval_seconds: float = 1.0,
+        max_rows_per_batch: int = DEFAULT_MAX_ROWS_PER_BATCH,
+        max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+        job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
+    ) -> SidecarHandle:
         """Audit another application's query from its checkpoint (running or stopped): the
-        same late rows, markers and metrics as :meth:`audit`, with nothing run in its driver.
+        same late rows, markers and metrics as :meth:`audit`, with nothing run in its driver
+        (docs/sidecar-audit.md). The checkpoint is only read.
 
-        See :func:`wmwatch._audit.sidecar.run.start_sidecar` for the options.
+        :param checkpoint: the ``checkpointLocation`` the production query runs with.
+        :param events: the streaming DataFrame (a list for several inputs) the production query
+            reads, built the same way in this session.
+        :param query: the query's DataFrame built on ``events`` (what the production code calls
+            ``writeStream`` on, unstarted): its operators set the late-row rules; without it,
+            one input's rule comes from ``kind=`` and the other overrides.
+        :param name: the query's name for the history and metrics.
+        :param output_mode: the production query's output mode (complete mode drops nothing).
+        :param prepare: as for :meth:`audit`; so are ``sink``, ``parquet_path``, ``columns``,
+            ``hash_columns``, ``hash_key``, ``event_time``, ``delay``, ``window``, ``slide``,
+            ``kind``, ``pool``, ``poll_interval_seconds``, ``max_rows_per_batch``,
+            ``max_row_bytes`` and ``job_timeout_seconds``.
+        :returns: the running audit; ``finish()`` ends it once what is committed is audited.
+        :raises ConfigError: an option or the definition is wrong (the message says which).
+        :raises AuditError: the checkpoint's query cannot be audited with this definition.
         """
         from wmwatch._audit.sidecar.run import start_sidecar
 
-        return start_sidecar(self, checkpoint, events, query, **options)
+        options = AuditOptions(
+            prepare=prepare,
+            sink=sink,
+            parquet_path=parquet_path,
+            columns=columns,
+            hash_columns=hash_columns,
+            hash_key=hash_key,
+            event_time=event_time,
+            delay=delay,
+            window=window,
+            slide=slide,
+            kind=kind,
+            pool=pool,
+            poll_interval_seconds=poll_interval_seconds,
+            max_rows_per_batch=max_rows_per_batch,
+            max_row_bytes=max_row_bytes,
+            job_timeout_seconds=job_timeout_seconds,
+        )
+        return start_sidecar(
+            self, checkpoint, events, query, options, name=name, output_mode=output_mode
+        )
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every event received so far is handled and written; True if it was."""

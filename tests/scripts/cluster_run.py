@@ -49,8 +49,7 @@ def _windows(spark: Any, watch: Any, folder: Path) -> dict[str, Any]:
     """The audited windowed count; the audit's balance window by window."""
     from pyspark.sql import functions as F
 
-    from tests.helpers import write_events
-    from tests.test_audit_spark import SCHEMA, stream_files
+    from tests.harness.streams import SCHEMA, stream_files, write_events
 
     (folder / "in").mkdir(parents=True)
     events = (
@@ -88,7 +87,7 @@ def _windows(spark: Any, watch: Any, folder: Path) -> dict[str, Any]:
 def _join(spark: Any, folder: Path) -> Any:
     from pyspark.sql import functions as F
 
-    from tests.helpers import write_events
+    from tests.harness.streams import write_events
 
     def side(name: str, prefix: str) -> Any:
         (folder / name).mkdir(parents=True)
@@ -122,8 +121,8 @@ def main(master: str, folder: Path) -> int:
     import duckdb
 
     import wmwatch
-    from tests.helpers import free_port, scrape
-    from tests.test_audit_spark import batch_window_counts, final_watermark_ms
+    from tests.harness.checks import batch_window_counts, final_watermark_ms
+    from tests.harness.net import free_port, scrape
     from wmwatch._inspect.plugin import PlanPlugin
 
     folder.mkdir(parents=True, exist_ok=True)

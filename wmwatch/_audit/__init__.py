@@ -1,15 +1,8 @@
 """The late-row audit: the rows Spark dropped behind the watermark, replayed from the checkpoint.
 
-``start`` checks and wires an audit (:func:`start_audit`, :class:`AuditHandle`); ``auditor``
-runs one query's audit loop on its own thread, with ``status`` (its counters), ``retention``
-(batches the checkpoint no longer holds) and ``pacing`` (when a replay may run); ``checkpoint``
-reads offsets, commits and source logs; ``sources`` reads each kind of source again, one module
-per kind and one registry; ``predicates`` holds each operator's
-late-row rule; ``replay`` finds a batch's late rows in Spark; ``sinks`` writes them and the
-audit's markers to the history; ``plugin`` holds the per-query counters and metrics; ``report``
-holds the feature's report section and advice.
+The loop and its bookkeeping live here (``start``, ``options``, ``handle``, ``auditor``,
+``status``, ``pacing``, ``retention``, ``sinks``, ``plugin``); the replay engine in ``replay/``
+(one module per source kind in ``replay/sources/``), who moved the watermark in ``jumps/``, the
+audit from another application in ``sidecar/``, and the report's part in ``report/``
+(docs/architecture.md).
 """
-
-from wmwatch._audit.start import AuditHandle, start_audit
-
-__all__ = ["AuditHandle", "start_audit"]

@@ -1,31 +1,9 @@
-"""One running audit of one query: its own thread, the loop over committed batches, progress
-notes, status, ``sync`` and ``stop``.
-
-Design (chosen over a side streaming query, see docs/audit.md): after the production query commits
-batch N, replay exactly N's input and apply N's late-row rule in Spark.
-
-- *Which rows*: the files batch N read, from the production checkpoint (offsets + the file
-  source's log, see :mod:`wmwatch._checkpoint.reader`); files are immutable, so re-reading
-  gives N's rows.
-- *Which rule*: the watermark in ``offsets/N-1`` (Spark's late-row filter in N uses the previous
-  batch's watermark) and the operator's predicate (:mod:`wmwatch._audit.replay.predicates`).
-- *Cheap when nothing is late*: when progress says N's smallest event time cannot be late, N is
-  recorded as audited with 0 rows and no Spark job runs.
-- *Exactly once*: the late rows of N and its ``audit_batches`` marker are written in one DuckDB
-  transaction after deleting N's rows (:mod:`wmwatch._audit.sinks`; Parquet: the batch
-  directory is overwritten first, the marker written after); on start the audit resumes after
-  the batches already marked.
-- *Bounded, whatever the data does*: the replay (:mod:`wmwatch._audit.replay.engine`) moves late
-  rows to the driver a chunk at a time and runs every Spark job under a deadline.
-- *Falling behind*: a batch whose checkpoint entries are gone is logged with the reason, counted
-  as lost and passed over, so the batches after it are still audited
-  (:mod:`wmwatch._audit.retention`).
-
-The work runs on the audit's own thread in its own FAIR scheduler pool, and each replay first
-waits (bounded) until the application is idle, which is how it yields under FIFO, where pools
-are ignored (:mod:`wmwatch._audit.pacing`). The plugin hook on the watch's worker thread only
-records "batch N finished, min event time X" and wakes that thread. Which source a batch is read
-from is the replay inputs' business (:mod:`wmwatch._audit.replay.sources`): the loop names no kind.
+"""One running audit of one query: its own thread, the loop over committed batches in order,
+progress notes, status, ``sync`` and ``stop``. The loop's steps and where each lives:
+docs/architecture.md (The audit's loop); why the audit replays committed batches:
+docs/audit.md (How it works). Over 500 lines as one class: the loop's state (batches done,
+progress notes, counters) is kept by its one thread under one lock; what stands alone is a
+module of its own (``status``, ``pacing``, ``retention``).
 """
 
 from __future__ import annotations

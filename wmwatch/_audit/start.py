@@ -1,25 +1,28 @@
-"""Starting an audit: checking what it is asked to do, reading the query's plan and source, and
-wiring the replay, the history and the watch's audit plugin together; :class:`AuditHandle` is
-what the caller gets back.
+"""Starting an audit: checking its options, reading the audited query's plan and source, and
+wiring the replay, the history and the watch's audit plugin together. :func:`start_auditor` is
+the one wiring, for the in-job audit (:func:`start_audit`) and the sidecar alike.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from wmwatch._audit.auditor import Auditor, Resolved
-from wmwatch._audit.jumps.rules import DEFAULT_AHEAD_SECONDS, DEFAULT_JUMP_SECONDS, Thresholds
+from wmwatch._audit.handle import AuditHandle
+from wmwatch._audit.jumps.rules import Thresholds
 from wmwatch._audit.jumps.table import JumpHistory
 from wmwatch._audit.jumps.watch import JumpWatch
+from wmwatch._audit.options import SINKS, AuditOptions, Prepare
+from wmwatch._audit.pacing import YIELD_FACTOR
 from wmwatch._audit.plugin import audit_plugin
 from wmwatch._audit.replay import connect, sources
 from wmwatch._audit.replay.engine import Replayer, ReplayInput
 from wmwatch._audit.replay.events import as_written
 from wmwatch._audit.replay.plan import ReplayPlan, apply_overrides, parse_plan
-from wmwatch._audit.replay.predicates import JOIN, OperatorSpec
+from wmwatch._audit.replay.predicates import JOIN
 from wmwatch._audit.replay.sources.base import ConnectFound, Found
 from wmwatch._audit.sinks import AuditHistory
 from wmwatch._checkpoint.reader import CheckpointReader, HadoopFileSystem, local_root
@@ -29,55 +32,17 @@ from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 from wmwatch._progress import clean_name, query_label
 from wmwatch._trigger import read_trigger
 
-SINKS = ("duckdb", "parquet")
-DEFAULT_MAX_ROWS_PER_BATCH = 100_000
-DEFAULT_MAX_ROW_BYTES = 16 * 1024
-DEFAULT_JOB_TIMEOUT_SECONDS = 900.0
 HASH_KEY_VARIABLE = "WMWATCH_HASH_KEY"
-_COMPLETE_MODE = (
+COMPLETE_MODE = (
     "a query in complete output mode keeps every window and drops no late rows; nothing to audit."
 )
-
-
-class AuditHandle:
-    """A running audit: ``status()``, ``sync()`` and ``stop()``."""
-
-    def __init__(self, auditor: Auditor) -> None:
-        self._auditor = auditor
-
-    @property
-    def query_id(self) -> str:
-        return self._auditor.query_id
-
-    @property
-    def spec(self) -> OperatorSpec | None:
-        """The rule of the first audited input; None on Spark Connect until the query has
-        planned a batch."""
-        return self._auditor.spec
-
-    def status(self) -> dict[str, Any]:
-        """Batches audited, last audited batch, late rows, lag, errors (a fresh dict)."""
-        return self._auditor.status()
-
-    def sync(self, timeout: float = 60.0) -> bool:
-        """Wait until every batch committed so far is audited and written; True if it was."""
-        return self._auditor.sync(timeout)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop auditing (what is committed to the store stays; a later audit resumes)."""
-        self._auditor.stop(timeout)
-
-    def __enter__(self) -> AuditHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 _DELAY_KEY = "spark.watermarkDelayMs"
 
 
-def _as_list(value: Any, what: str) -> list[Any]:
+def events_list(value: Any, what: str = "events") -> list[Any]:
+    """``events`` as a list: one streaming DataFrame, or a non-empty list or tuple of them."""
     if isinstance(value, (list, tuple)):
         if not value:
             raise ConfigError(f"{what} is empty; pass one streaming DataFrame per input.")
@@ -116,7 +81,7 @@ def _replay_inputs(
     plan_text: str,
     query_plan: Any,
     events: list[Any],
-    prepares: list[Callable[[Any], Any] | None],
+    prepares: Sequence[Prepare | None],
     connect_sources: Mapping[int, ConnectFound],
 ) -> list[ReplayInput]:
     """Match each events DataFrame to the query's source it reads and that source's rule."""
@@ -178,8 +143,19 @@ def _replay_inputs(
     return inputs
 
 
-def _classic_plan(query: Any, checkpoint: str | os.PathLike[str] | None) -> tuple[Any, str]:
-    """Classic PySpark: the query's analysed plan (JVM) and its checkpoint root."""
+@dataclass(frozen=True, slots=True)
+class QueryPlan:
+    """What an audit reads off the audited query: its analysed plan (a JVM plan, or a
+    :class:`~wmwatch._audit.replay.connect.ConnectQuery` on Spark Connect), the plan's text, and
+    its checkpoint."""
+
+    plan: Any
+    text: str
+    checkpoint: CheckpointReader
+
+
+def _classic_plan(spark: Any, query: Any, checkpoint: str | os.PathLike[str] | None) -> QueryPlan:
+    """Classic PySpark: the query's analysed plan (JVM) and its checkpoint."""
     jsq_wrapper = getattr(query, "_jsq", None)
     if jsq_wrapper is None:
         raise AuditError(
@@ -196,135 +172,136 @@ def _classic_plan(query: Any, checkpoint: str | os.PathLike[str] | None) -> tupl
     except Exception:  # noqa: BLE001 - internal API: unknown means not complete mode
         complete = False
     if complete:
-        raise AuditError(_COMPLETE_MODE)
+        raise AuditError(COMPLETE_MODE)
     root = str(checkpoint) if checkpoint is not None else str(engine.resolvedCheckpointRoot())
-    return query_plan, root
+    fs = None if local_root(root) is not None else HadoopFileSystem(spark, root)
+    return QueryPlan(query_plan, str(query_plan.toString()), CheckpointReader(root, fs))
 
 
-def _connect_resolver(
-    spark: Any,
-    query: Any,
-    frames: list[Any],
-    checkpoint: str | os.PathLike[str] | None,
-    timeout_seconds: float,
-    resolved: Callable[[Any, str, CheckpointReader], Resolved],
-) -> Callable[[], Resolved | None]:
-    """Spark Connect: the plan, the checkpoint root and the sources' positions once the query
-    has planned a batch. The checkpoint is read through the server, which sees its filesystem;
-    the client may not, or may see another folder at the same path."""
+def _connect_plan(
+    spark: Any, query: Any, checkpoint: str | os.PathLike[str] | None, timeout_seconds: float
+) -> Callable[[], QueryPlan | None]:
+    """Spark Connect: the plan and the checkpoint once the query has planned a batch (None
+    until then). The checkpoint is read through the server, which sees its filesystem; the
+    client may not, or may see another folder at the same path."""
     known = connect.ConnectQuery(query)
     files = connect.SessionFileSystem(spark, timeout_seconds=timeout_seconds)
 
-    def resolve() -> Resolved | None:
+    def plan() -> QueryPlan | None:
         if not known.planned():
             return None
         if known.complete_mode():
-            raise AuditError(_COMPLETE_MODE)
+            raise AuditError(COMPLETE_MODE)
         root = str(checkpoint) if checkpoint is not None else known.checkpoint_root()
-        return resolved(known, known.plan_text, CheckpointReader(root, files))
+        return QueryPlan(known, known.plan_text, CheckpointReader(root, files))
 
-    return resolve
+    return plan
 
 
 def start_audit(
     watch: WatchContext,
     query: Any,
     events: Any,
-    *,
-    prepare: Callable[[Any], Any] | Sequence[Callable[[Any], Any] | None] | None = None,
-    sink: str = "duckdb",
-    parquet_path: str | os.PathLike[str] | None = None,
-    columns: Sequence[str] | None = None,
-    hash_columns: Sequence[str] = (),
-    hash_key: bytes | str | None = None,
-    event_time: str | None = None,
-    delay: str | float | None = None,
-    window: str | float | None = None,
-    slide: str | float | None = None,
-    kind: str | None = None,
+    options: AuditOptions,
     checkpoint: str | os.PathLike[str] | None = None,
-    pool: str = "wmwatch_audit",
-    poll_interval_seconds: float = 1.0,
-    max_rows_per_batch: int = DEFAULT_MAX_ROWS_PER_BATCH,
-    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
-    job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
-    watermark_ahead_seconds: float = DEFAULT_AHEAD_SECONDS,
-    watermark_jump_seconds: float = DEFAULT_JUMP_SECONDS,
 ) -> AuditHandle:
-    """Start auditing the rows ``query`` drops behind its watermark; returns an
-    :class:`AuditHandle`.
+    """Audit the rows the running ``query`` drops behind its watermark, in its own driver
+    (``Watch.audit``, where each option is described); ``checkpoint`` overrides the query's
+    checkpoint root."""
+    spark = watch.spark
+    if is_connect(spark):
+        plan = _connect_plan(spark, query, checkpoint, options.job_timeout_seconds)
+    else:
 
-    ``events`` is the streaming DataFrame the query reads before its stateful operator, or, for a
-    query with several inputs (a join, a union), a list of them, one per source. Each batch is
-    replayed through ``events`` as written: its own transformation of the source (parsing,
-    filters, new columns) runs over the batch's raw rows, on classic PySpark and Spark Connect;
-    what cannot be replayed (a non-deterministic expression, a stateful step inside ``events``)
-    is refused with the reason. ``prepare`` overrides that: the function (a list of them, one
-    per events DataFrame, None where not needed) that turns the raw source DataFrame (read as a
-    batch) into the same rows. Each input's
-    operator, join side, event-time column, delay and window come from the query's plan; for a
-    query with one audited input the keyword arguments override them. ``sink="parquet"`` writes
-    each batch's late rows with Spark under ``parquet_path`` instead of collecting them into
-    DuckDB.
+        def plan() -> QueryPlan | None:
+            return _classic_plan(spark, query, checkpoint)
 
-    On Spark Connect the audit works the same through the session; a query that has not
-    planned a batch yet is read once it has (``status()["plan_known"]``), and a plan that cannot
-    be audited then ends the audit with the reason in ``status()["last_error"]``.
+    auditor = start_auditor(
+        watch,
+        events_list(events),
+        options,
+        query_id=str(query.id),
+        query_name=query.name,
+        run_id=str(query.runId),
+        plan=plan,
+        # a real-time query judges rows with a watermark a whole interval old (the audit counts
+        # the rows kept behind the reported one) and must keep every task slot it needs
+        real_time=read_trigger(query).real_time,
+    )
+    return AuditHandle(auditor)
 
-    ``columns`` (an allow-list) and ``hash_columns`` apply to ``row_data`` and to a join's
-    ``join_key`` alike. A hashed column is SHA-256 of its value, or, with ``hash_key`` (bytes,
-    or a str taken as UTF-8; default ``$WMWATCH_HASH_KEY``), HMAC-SHA256 under that key, which
-    a dictionary of likely values cannot reverse without the key.
 
-    Bounds: at most ``max_rows_per_batch`` late rows of one batch are kept in DuckDB (the rest
-    are counted, and written to Parquet when ``parquet_path`` is given with the DuckDB sink);
-    ``row_data`` longer than ``max_row_bytes`` is kept as its size and SHA-256; every Spark job
-    of the audit is cancelled after ``job_timeout_seconds`` (and retried later).
+# What the audit writes its batches through: made from the store, the query's id, its name
+# (cleaned), its label and the plan read at the start (None: not planned yet, Spark Connect).
+HistoryFactory = Callable[[HistoryAccess, str, str | None, str, QueryPlan | None], AuditHistory]
 
-    Who moved the watermark (docs/forensics-watermark.md): a batch whose largest event time is
-    more than ``watermark_ahead_seconds`` (10 min) after the batch's own time, or whose
-    watermark is more than ``watermark_jump_seconds`` (1 h) above the batch before's, is
-    recorded in ``watermark_jumps`` with the rows that moved the watermark (the top rows by
-    event time, same ``columns``/``hash_columns`` rules) and the late rows the jump cost.
+
+def _audit_history(
+    store: HistoryAccess, query_id: str, name: str | None, label: str, seen: QueryPlan | None
+) -> AuditHistory:
+    return AuditHistory(store, query_id=query_id, label=label)
+
+
+def start_auditor(
+    watch: WatchContext,
+    frames: Sequence[Any],
+    options: AuditOptions,
+    *,
+    query_id: str,
+    query_name: str | None,
+    run_id: str | None,
+    plan: Callable[[], QueryPlan | None],
+    in_job: bool = True,
+    real_time: bool = False,
+    history: HistoryFactory = _audit_history,
+    check_plan: Callable[[ReplayPlan, CheckpointReader], None] | None = None,
+    check_inputs: Callable[[Sequence[ReplayInput], CheckpointReader], None] | None = None,
+) -> Auditor:
+    """Check ``options``, read the audited query's plan and start its :class:`Auditor` on the
+    watch: the one wiring of every audit.
+
+    ``frames`` are the ``events`` DataFrames, one per input; ``plan()`` gives the query's plan
+    and checkpoint, or None while a Spark Connect query has not planned a batch (the audit's
+    thread asks again). ``in_job``: the query runs in this application, so its progress comes
+    (to skip batches that hold no late row, and to count what an unreadable source dropped),
+    its jobs are yielded to, and its watermark jumps are watched; a sidecar has none of these.
+    ``history`` makes what the batches are written through (with a history store);
+    ``check_plan`` and ``check_inputs`` refuse what the plan read from ``plan()`` cannot audit.
     """
     spark = watch.spark
-    frames = _as_list(events, "events")
-    prepares, key = checked_options(
-        spark,
-        watch.store,
-        frames,
-        prepare=prepare,
-        sink=sink,
-        parquet_path=parquet_path,
-        columns=columns,
-        hash_columns=hash_columns,
-        hash_key=hash_key,
-        max_rows_per_batch=max_rows_per_batch,
-        max_row_bytes=max_row_bytes,
-        job_timeout_seconds=job_timeout_seconds,
-    )
+    frames = list(frames)
     store = watch.store
-    thresholds = Thresholds(
-        ahead_seconds=watermark_ahead_seconds, jump_seconds=watermark_jump_seconds
+    prepares, key = checked_options(spark, store, frames, options)
+    thresholds = (
+        Thresholds(
+            ahead_seconds=options.watermark_ahead_seconds,
+            jump_seconds=options.watermark_jump_seconds,
+        )
+        if in_job
+        else None
     )
     # Spark Connect: each events DataFrame's source, read off the client's plan
     connect_sources: dict[int, ConnectFound] = {}
 
-    def resolved(query_plan: Any, plan_text: str, reader: CheckpointReader) -> Resolved:
-        plan = apply_overrides(
-            parse_plan(plan_text),
-            kind=kind,
-            event_time=event_time,
-            delay=delay,
-            window=window,
-            slide=slide,
+    def resolved(seen: QueryPlan) -> Resolved:
+        replay_plan = apply_overrides(
+            parse_plan(seen.text),
+            kind=options.kind,
+            event_time=options.event_time,
+            delay=options.delay,
+            window=options.window,
+            slide=options.slide,
         )
+        if check_plan is not None:
+            check_plan(replay_plan, seen.checkpoint)
         inputs = _replay_inputs(
-            spark, plan, plan_text, query_plan, frames, prepares, connect_sources
+            spark, replay_plan, seen.text, seen.plan, frames, prepares, connect_sources
         )
-        return Resolved(reader, inputs, progress_min_covers_inputs=plan.watermark_nodes <= 1)
+        if check_inputs is not None:
+            check_inputs(inputs, seen.checkpoint)
+        covers = in_job and replay_plan.watermark_nodes <= 1
+        return Resolved(seen.checkpoint, inputs, progress_min_covers_inputs=covers)
 
-    resolve: Callable[[], Resolved | None] | None = None
     if is_connect(spark):
         # the query's plan may not be known yet: events as written is read off each events
         # DataFrame now, so that what cannot be replayed is refused here
@@ -334,91 +311,82 @@ def start_audit(
         ]
         # each events DataFrame's source, read off the client's plan now (its errors raise here)
         connect_sources.update((id(f), sources.connect_source_of(f)) for f in frames)
-        resolve = _connect_resolver(spark, query, frames, checkpoint, job_timeout_seconds, resolved)
-        now = resolve()
-        # a query that has not planned a batch yet is resolved by the audit's thread once it
-        # has; until then the audit waits and status() says plan_known=False
-        resolve = resolve if now is None else None
-    else:
-        query_plan, root = _classic_plan(query, checkpoint)
-        fs = None if local_root(root) is not None else HadoopFileSystem(spark, root)
-        now = resolved(query_plan, str(query_plan.toString()), CheckpointReader(root, fs))
+    seen = plan()
+    now = resolved(seen) if seen is not None else None
+
+    def resolve() -> Resolved | None:
+        later = plan()
+        return resolved(later) if later is not None else None
+
     # the name as every other table keeps it (redacted, bounded): late_rows and Parquet too
-    query_id, query_name = str(query.id), clean_name(query.name)
-    label = query_label(query_name, query_id)
-    # a real-time query judges rows with a watermark a whole interval old (the audit counts
-    # the rows kept behind the reported one) and must keep every task slot it needs
-    real_time = read_trigger(query).real_time
+    name = clean_name(query_name)
+    label = query_label(name, query_id)
     replayer = Replayer(
         spark=spark,
         query_id=query_id,
-        query_name=query_name,
+        query_name=name,
         label=label,
         inputs=now.inputs if now is not None else (),
-        columns=columns,
-        hash_columns=hash_columns,
-        parquet_path=str(parquet_path) if parquet_path is not None else None,
-        pool=pool,
-        max_rows_per_batch=max_rows_per_batch,
-        max_row_bytes=max_row_bytes,
-        job_timeout_seconds=job_timeout_seconds,
+        columns=options.columns,
+        hash_columns=options.hash_columns,
+        parquet_path=str(options.parquet_path) if options.parquet_path is not None else None,
+        pool=options.pool,
+        max_rows_per_batch=options.max_rows_per_batch,
+        max_row_bytes=options.max_row_bytes,
+        job_timeout_seconds=options.job_timeout_seconds,
         one_task=real_time,
         hash_key=key,
     )
-    auditor = Auditor(
-        query_id=query_id,
-        query_name=query_name,
-        label=label,
-        run_id=str(query.runId),
-        checkpoint=now.checkpoint if now is not None else None,
-        sink=sink,
-        replayer=replayer,
-        history=(
-            AuditHistory(store, query_id=query_id, label=label) if store is not None else None
-        ),
-        poll_interval_seconds=poll_interval_seconds,
-        progress_min_covers_inputs=now.progress_min_covers_inputs if now is not None else True,
-        resolve=resolve,
-        count_kept_behind=real_time,
-        jumps=JumpWatch(
+    jumps = None
+    if thresholds is not None:
+        jumps = JumpWatch(
             thresholds=thresholds,
-            history=JumpHistory(store, query_id=query_id, query_name=query_name, label=label)
+            history=JumpHistory(store, query_id=query_id, query_name=name, label=label)
             if store is not None
             else None,
             label=label,
-        ),
+        )
+    auditor = Auditor(
+        query_id=query_id,
+        query_name=name,
+        label=label,
+        run_id=run_id,
+        checkpoint=now.checkpoint if now is not None else None,
+        sink=options.sink,
+        replayer=replayer,
+        history=history(store, query_id, name, label, seen) if store is not None else None,
+        poll_interval_seconds=options.poll_interval_seconds,
+        progress_min_covers_inputs=now.progress_min_covers_inputs if now is not None else True,
+        # a query that has not planned a batch yet is resolved by the audit's thread once it
+        # has; until then the audit waits and status() says plan_known=False
+        resolve=resolve if now is None else None,
+        count_kept_behind=real_time,
+        jumps=jumps,
+        # a sidecar's application runs no production job to yield to
+        yield_factor=YIELD_FACTOR if in_job else 0.0,
     )
+    if not in_job:
+        auditor.progress_grace_seconds = 0.0  # no progress will come to wait for
     audit_plugin(watch).add(auditor)
     auditor.start()
-    return AuditHandle(auditor)
+    return auditor
 
 
 def checked_options(
-    spark: Any,
-    store: HistoryAccess | None,
-    frames: list[Any],
-    *,
-    prepare: Callable[[Any], Any] | Sequence[Callable[[Any], Any] | None] | None,
-    sink: str,
-    parquet_path: str | os.PathLike[str] | None,
-    columns: Sequence[str] | None,
-    hash_columns: Sequence[str],
-    hash_key: bytes | str | None,
-    max_rows_per_batch: int,
-    max_row_bytes: int,
-    job_timeout_seconds: float,
-) -> tuple[list[Callable[[Any], Any] | None], bytes | None]:
+    spark: Any, store: HistoryAccess | None, frames: list[Any], options: AuditOptions
+) -> tuple[list[Prepare | None], bytes | None]:
     """Check an audit's options (one line each for what is wrong); the prepare of each events
-    DataFrame and the HMAC key. Shared by the in-job audit and the sidecar."""
+    DataFrame and the HMAC key."""
+    sink, prepare, columns = options.sink, options.prepare, options.columns
     if sink not in SINKS:
         raise ConfigError(f"sink={sink!r} is not one of {', '.join(SINKS)}.")
-    if max_rows_per_batch < 0:
+    if options.max_rows_per_batch < 0:
         raise ConfigError("max_rows_per_batch must be 0 (count only) or more.")
-    if max_row_bytes < 64:
+    if options.max_row_bytes < 64:
         raise ConfigError("max_row_bytes must be at least 64 bytes.")
-    if job_timeout_seconds <= 0:
+    if options.job_timeout_seconds <= 0:
         raise ConfigError("job_timeout_seconds must be positive.")
-    if sink == "parquet" and not parquet_path:
+    if sink == "parquet" and not options.parquet_path:
         raise ConfigError(
             "sink='parquet' needs parquet_path=, the directory Spark writes late rows to."
         )
@@ -427,7 +395,7 @@ def checked_options(
             "the watch has no history database; attach with db=... or use sink='parquet'."
         )
     if prepare is None or callable(prepare):
-        prepares: list[Callable[[Any], Any] | None] = [prepare] * len(frames)
+        prepares: list[Prepare | None] = [prepare] * len(frames)
     else:
         prepares = list(prepare)
     if len(prepares) != len(frames) or not all(p is None or callable(p) for p in prepares):
@@ -444,10 +412,10 @@ def checked_options(
             "spark.sql.streaming.statefulOperator.allowMultiple=false changes which watermark "
             "drops late rows and is not supported by the audit; leave it at its default (true)."
         )
-    unknown = [c for c in hash_columns if columns is not None and c not in columns]
+    unknown = [c for c in options.hash_columns if columns is not None and c not in columns]
     if unknown:
         raise ConfigError(f"hash_columns {unknown} are not in columns=; add them or drop them.")
-    key = resolve_hash_key(hash_key, os.environ.get(HASH_KEY_VARIABLE))
+    key = resolve_hash_key(options.hash_key, os.environ.get(HASH_KEY_VARIABLE))
     return prepares, key
 
 

@@ -1,8 +1,8 @@
 """The ``wmwatch checkpoint-history`` command: a query's history from its checkpoint alone.
 
-Reading is in :mod:`wmwatch._checkpoint.history`, the state counts in
-:mod:`wmwatch._checkpoint.state`. pyspark starts only when it is needed (a checkpoint
-that is not on a local filesystem, or state to count), so a bad path fails in a blink.
+Reading is in :mod:`wmwatch._checkpoint.history`, writing in :mod:`wmwatch._checkpoint.tables`,
+the state counts in :mod:`wmwatch._checkpoint.state`. pyspark starts only when it is needed (a
+checkpoint that is not on a local filesystem, or state to count), so a bad path fails in a blink.
 """
 
 from __future__ import annotations
@@ -166,11 +166,7 @@ def _count_state(
 
 
 def _write(history: CheckpointHistory, db: Path, name: str | None, state_counted: int) -> None:
-    from wmwatch._checkpoint.history import (
-        Written,
-        listener_batches,
-        write_history,
-    )
+    from wmwatch._checkpoint.tables import Written, listener_batches, write_history
     from wmwatch._errors import StoreError
     from wmwatch._store.writer import HistoryStore
 

@@ -112,7 +112,8 @@ def sidecar(
     watch.audit(); `wmwatch report --db` reads them. Restarting resumes after the batches the
     history marks.
     """
-    from wmwatch._audit.sidecar.run import checkpoint_query_id, load_function
+    from wmwatch._audit.sidecar.definition import load_function
+    from wmwatch._audit.sidecar.run import checkpoint_query_id
     from wmwatch._checkpoint.reader import CheckpointReader, inside_checkpoint, local_root
     from wmwatch._errors import WmwatchError
 
@@ -201,7 +202,7 @@ def _run(
     as_json: bool,
 ) -> None:
     import wmwatch
-    from wmwatch._audit.sidecar.run import call_definition
+    from wmwatch._audit.sidecar.definition import call_definition
     from wmwatch._errors import WmwatchError
 
     watch = wmwatch.attach(spark, db=str(db), metrics_port=metrics_port or None, strict=True)

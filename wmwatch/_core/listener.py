@@ -1,19 +1,8 @@
-"""Receiving Spark's streaming events without slowing anything down.
-
-Two ways in, chosen at attach time:
-
-* ``py4j``: a py4j proxy implementing Spark's ``PythonStreamingQueryListener`` (classic
-  PySpark). Each callback makes one JVM round trip (``event.json()``) and puts the text on a
-  bounded queue. The stock PySpark listener instead converts every event field by field, which
-  costs 100-800 ms per progress event on a small driver. This interface is internal to PySpark, so
-  it is guarded and falls back to the stock listener.
-* ``stock``: a ``pyspark.sql.streaming.StreamingQueryListener`` subclass. Used on Spark Connect,
-  where events arrive in the client already decoded and cheap.
-
-Callbacks never raise and never block: when the queue is full the event is counted as dropped.
-
-Queries already running at attach are seeded from what Spark still holds of them
-(``recentProgress``), queued ahead of every live event so that batches arrive in order.
+"""Receiving Spark's streaming events without slowing anything down: a py4j proxy of Spark's
+``PythonStreamingQueryListener`` (classic PySpark; guarded, as the interface is internal) or the
+stock listener (Spark Connect), whose callbacks put each event's text on a bounded queue and
+never raise or block; and the seeding of queries already running at attach. Why:
+docs/attach.md (How it stays out of the way).
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Stream-stream join checks: which side's state Spark can ever clean, and whether state grows.
 
 Pure functions only (no JVM): :func:`classify_join` turns what the plan says about one
-``StreamingSymmetricHashJoinExec`` (its ``stateWatermarkPredicates`` left/right, join type and
-whether each input carries a watermark) into a :class:`JoinCheck` with the unbounded sides and a
-fix the user can apply. :func:`parse_join_lines` reads the same facts from plan text, the only
-thing Spark Connect clients get. :func:`analyze_growth` judges a join's state from the numbers
-progress reports over batches.
-
-What Spark 4.3 exposes per side: the plan's cleanup predicate (key / value / none) per side;
-progress reports state rows and bytes per join *operator* only (the four state stores of a join,
-two per side, are summed into one ``stateOperators`` entry, and ``customMetrics`` carries no
-per-side counts). So the side of a growing join comes from the plan, and its growth rate is the
-operator's rate split over the uncleaned sides.
+``StreamingSymmetricHashJoinExec`` into a :class:`JoinCheck` with the unbounded sides and a fix
+the user can apply; :func:`parse_join_lines` reads the same facts from plan text (Spark
+Connect); :func:`analyze_growth` judges a join's state from the numbers progress reports. What
+Spark exposes per side: docs/findings.md (How the plan is read).
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""Reading a running query's plan: its joins, stateful operators and watermarks.
-
-Classic PySpark: through py4j on the query's ``StreamExecution`` — the executed plan's
-``StreamingSymmetricHashJoinExec`` (``stateWatermarkPredicates``), the stateful operators'
-per-operator watermarks (from the ``watermarkPropagator`` of the last ``IncrementalExecution``),
-each ``EventTimeWatermarkExec`` (node id, column, delay) and the query's ``WatermarkTracker``
-(each watermark node's own value and the multiple-watermark policy). Spark Connect: the same
-facts parsed from ``explain(True)`` text, the only thing the client gets. All of this is
-internal Spark API: callers guard every read, so a failure only costs the feature, never the
-watch.
-
-Cost: :func:`facts_from_jvm` walks the plan tree (one py4j call per node and a few per join);
-:func:`read_watermarks_jvm` is the light read for each batch (the tracker's map and two
-watermarks per stateful operator, about ten py4j calls).
+"""Reading a running query's plan: its joins, stateful operators and watermarks, through py4j on
+classic PySpark and from ``explain(True)`` text on Spark Connect. All of it is internal Spark
+API: callers guard every read, so a failure only costs the feature, never the watch. What is
+read, and what each read costs: docs/findings.md (How the plan is read).
 """
 
 from __future__ import annotations

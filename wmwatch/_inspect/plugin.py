@@ -1,17 +1,6 @@
-"""The plan plugin: join-state and watermark checks for every watched query.
-
-The worker thread's hooks stay pure Python: they record progress, judge joins from their numbers
-and feed the watermark monitor. Everything that reads Spark (``plan``) runs on the inspector
-thread (``reads``), which reads a query's plan structure once per run (again only when a cheap
-periodic check finds its shape changed) and its watermarks after each batch, at most once per
-``min_read_interval_seconds``; the cost of each kind of read is kept in
-:attr:`PlanPlugin.costs`. The findings come from ``evaluate``, the history rows go through
-``tables`` and the metric families are built by ``metrics``.
-
-A query that stopped is kept for ``forget_after_seconds`` (as the core state keeps it, so its
-last findings and watermarks are scraped), then forgotten with its findings and series: with
-queries started and stopped all day, the plugin's memory and series stay those of the queries
-that run.
+"""The plan plugin: join-state and watermark checks for every watched query. Its worker-thread
+hooks stay pure Python; everything that reads Spark runs on the inspector's own thread
+(:mod:`wmwatch._inspect.reads`). How the parts fit: docs/architecture.md (Plan inspection).
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
-"""The endpoint's connections, bounded: how many are served at once, and for how long each.
-
-The endpoint runs in the driver of the job it watches, whose threads py4j callbacks also need,
-and it may be reachable by peers that are not Prometheus. So a peer must never hold a thread
-for long, nor make the serve loop wait:
-
-- the serve loop only accepts; the TLS handshake, the request and the answer run on the
-  connection's own thread, each read and write with a timeout;
-- at most ``limit`` connections are served at once. When a new one arrives with every place
-  taken, the oldest connection still sending its request (handshake, request line, headers)
-  is closed to make room: a peer that connects and stays silent loses its place to the next
-  scrape, which sends its request at once. When every place is answering a request, the new
-  connection is closed at once: never queued;
-- a connection still sending its request after ``request_timeout_seconds``, or open after
-  :data:`CONNECTION_DEADLINE_SECONDS`, is closed by the serve loop.
-
-A connection closed by the endpoint ends its thread within a moment; until it has, it still
-counts, so there are never more than ``2 * limit`` connection threads.
+"""The endpoint's connections, bounded: how many are served at once, and for how long each, so
+that no peer holds a thread of the watched job's driver for long or makes the serve loop wait.
+The rules: docs/architecture.md (The metrics endpoint).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from wmwatch._audit.report.section import audit_parquet_files
+from wmwatch._audit.report.folders import audit_parquet_files
 from wmwatch._store.files import open_readonly
 
 if TYPE_CHECKING:

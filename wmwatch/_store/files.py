@@ -3,7 +3,9 @@
 DuckDB creates files with the process umask and locks a file while any connection is open;
 this module makes the file and its write-ahead log owner-only, retries while another
 connection holds the lock, turns every failure to open into one sentence a person can act on,
-and keeps a second writer off a file that one store is writing (:class:`WriterLock`).
+and keeps a second writer off a file that one store is writing (:class:`WriterLock`). Over 500
+lines because each way into the file (read-only, created, written, locked) is guarded here,
+in the one place that knows DuckDB's locking.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """The DuckDB history store: the queue and the one writer thread through which every row goes
-into the history file.
+into the history file, opened only for each flush so that readers get the file in between.
+Why, and what happens when the file cannot be opened: docs/architecture.md (The history file).
 
-DuckDB lets one process write a database file and locks the file while any connection is open,
-so a writer that kept its connection open would lock ``wmwatch report`` (and every other reader)
-out for as long as the job runs. :class:`HistoryStore` therefore owns ONE writer thread that
-opens the file only for each flush: it writes everything pending in one transaction and closes,
-leaving the file free for readers in between. When the file cannot be opened (held by a reader,
-made read-only, deleted, disk full), the writes stay in memory (bounded in count and in bytes,
-see :func:`write_size_bytes`), the store reports
-itself down in :attr:`HistoryStore.health`, and it retries with backoff. Readers in other
-processes use :func:`open_readonly`, which retries while the writer holds the lock.
-
-Every write is idempotent (upserts on the tables' primary keys), so a retried write or a
-retried Spark batch replaces rows instead of duplicating them. Nothing already committed is
-deleted, except by the retention (``retention_days``).
-
-A file has one writer at a time: a store holds an exclusive lock on ``<db>.lock`` for its whole
-life (see :class:`wmwatch._store.files.WriterLock`), so a second writer, in this process or
-another, is refused with one line instead of two writers fighting over the same batches.
-Readers never take it.
+Over 500 lines as one class on purpose: the queue, its bounds, the writer's health and its
+thread share one condition variable, which is what keeps the health snapshot consistent and
+the bounds exact; what stands alone lives beside it (the transactions in
+:mod:`wmwatch._store.transactions`, the file in :mod:`wmwatch._store.files`).
 """
 
 from __future__ import annotations
@@ -57,12 +44,21 @@ from wmwatch._store.rows import (
     ProgressRows,
     QueryHistory,
     progress_rows,
-    write_progress_rows,
     write_query_started,
     write_query_terminated,
     write_query_trigger,
 )
 from wmwatch._store.schema import apply_retention, days_to_keep, migrate
+from wmwatch._store.transactions import (
+    Pending,
+    Unavailable,
+    Write,
+    commit,
+    commit_chunk,
+    progress_bytes,
+    rollback,
+    write_size_bytes,
+)
 from wmwatch._text import error_line, get_logger
 from wmwatch._trigger import Trigger
 
@@ -80,7 +76,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Write = Callable[["duckdb.DuckDBPyConnection"], None]
 
 _log = get_logger("wmwatch.store")
 
@@ -95,10 +90,6 @@ _MAX_PACED_INTERVAL_SECONDS = 30.0
 # Memory the pending writes may hold while the file is unavailable: two audit chunks (32 MiB
 # each), so a late-row storm keeps its newest batches and never holds more.
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
-# What a write costs in memory beyond its payload (closure, description, queue entry).
-_WRITE_OVERHEAD_BYTES = 512
-# What a progress row (batch, operator or source) costs in memory beyond its JSON text.
-_PROGRESS_ROW_BYTES = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,15 +111,6 @@ class StoreHealth:
 
 
 @dataclass(slots=True)
-class _Pending:
-    seq: int
-    description: str
-    write: Write | None
-    progress: ProgressRows | None = None
-    size_bytes: int = _WRITE_OVERHEAD_BYTES
-
-
-@dataclass(slots=True)
 class _Read:
     fn: Callable[[duckdb.DuckDBPyConnection], Any]
     future: Future[Any]
@@ -143,10 +125,6 @@ _OPEN_STORES: weakref.WeakSet[HistoryStore] = weakref.WeakSet()
 def _close_open_stores() -> None:
     for store in list(_OPEN_STORES):
         store.close(timeout=5.0)
-
-
-class _Unavailable(Exception):
-    """The database file cannot be opened or committed to right now (retry later)."""
 
 
 class HistoryStore:
@@ -197,7 +175,7 @@ class HistoryStore:
         self.max_cpu_share = max_cpu_share
 
         self._cond = threading.Condition()
-        self._pending: deque[_Pending] = deque()
+        self._pending: deque[Pending] = deque()
         self._pending_bytes = 0
         self._reads: deque[_Read] = deque()
         self._seq = itertools.count(1)
@@ -295,7 +273,7 @@ class HistoryStore:
                 return
             seq = next(self._seq)
             self._submitted_seq = seq
-            self._pending.append(_Pending(seq, description, write, progress, size_bytes))
+            self._pending.append(Pending(seq, description, write, progress, size_bytes))
             self._pending_bytes += size_bytes
             self._enforce_bound_locked()
             # the first write after an idle spell wakes the writer, which sleeps while idle
@@ -335,7 +313,7 @@ class HistoryStore:
         if snapshot.raw_json is None:
             self._count_progress_json_missing(description, "it could not be serialised")
         rows = progress_rows(snapshot, late_watermark_at, datetime.now(UTC))
-        self._enqueue(description, None, rows, write_size_bytes(description, _progress_bytes(rows)))
+        self._enqueue(description, None, rows, write_size_bytes(description, progress_bytes(rows)))
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Write everything submitted so far; True if it was all written within ``timeout``."""
@@ -420,13 +398,13 @@ class HistoryStore:
             try:
                 create_database(self.path)
             except StoreError as exc:
-                raise _Unavailable(str(exc)) from None
+                raise Unavailable(str(exc)) from None
             recreated = self._verified_file is not None
         deadline = time.monotonic() + self.lock_wait_seconds
         try:
             con = self._engine.attach(self.path, deadline=deadline)
         except StoreError as exc:
-            raise _Unavailable(str(exc)) from None
+            raise Unavailable(str(exc)) from None
         private_wal(self.path)
         try:
             # The schema check costs a catalog query per flush: only repeat it for a new file.
@@ -447,7 +425,7 @@ class HistoryStore:
                 self._verified_file = identity
         except Exception as exc:  # noqa: BLE001 - any failure to open is the file being unavailable
             self._engine.detach()
-            raise _Unavailable(
+            raise Unavailable(
                 str(exc) if isinstance(exc, StoreError) else error_line(exc)
             ) from None
         return con
@@ -546,7 +524,7 @@ class HistoryStore:
     def _cycle(self, reads: list[_Read]) -> None:
         try:
             con = self._connect_for_write()
-        except _Unavailable as exc:
+        except Unavailable as exc:
             self._mark_down(str(exc))
             for request in reads:
                 request.future.set_exception(StoreError(str(exc)))
@@ -556,7 +534,7 @@ class HistoryStore:
                 self._write_pending(con)
                 if self.retention_days is not None and time.monotonic() >= self._next_retention_at:
                     self._apply_retention(con)
-            except _Unavailable as exc:
+            except Unavailable as exc:
                 self._mark_down(str(exc))
                 for request in reads:
                     request.future.set_exception(StoreError(str(exc)))
@@ -579,7 +557,7 @@ class HistoryStore:
             last_seq = self._pending[-1].seq if self._pending else 0
         while True:
             with self._cond:
-                chunk: list[_Pending] = []
+                chunk: list[Pending] = []
                 while (
                     self._pending
                     and len(chunk) < _CHUNK_WRITES
@@ -590,7 +568,12 @@ class HistoryStore:
                     chunk.append(item)
             if not chunk:
                 return
-            written, failed, leftover, reason = self._commit_chunk(con, chunk)
+            written, failed, leftover, reason = commit_chunk(
+                con,
+                chunk,
+                failed=self._note_failed_write,
+                kept_bare=self._count_progress_json_missing,
+            )
             handled = len(chunk) - len(leftover)
             with self._cond:
                 if leftover:
@@ -607,77 +590,11 @@ class HistoryStore:
                     )
                     self._cond.notify_all()
             if reason is not None:
-                raise _Unavailable(reason)
+                raise Unavailable(reason)
 
-    def _commit_chunk(
-        self, con: duckdb.DuckDBPyConnection, chunk: list[_Pending]
-    ) -> tuple[int, int, list[_Pending], str | None]:
-        """Commit ``chunk`` in one transaction; if a write is bad, skip it and commit the rest.
-
-        Returns (written, failed, not handled, why the database became unavailable).
-        """
-        try:
-            _begin(con)
-            _run_writes(con, chunk)
-            _commit(con)
-            return len(chunk), 0, [], None
-        except _Unavailable as exc:
-            _rollback(con)
-            return 0, 0, chunk, str(exc)
-        except Exception:  # noqa: BLE001 - retried one write at a time below
-            _rollback(con)
-        # Some write raised on its own: run each in its own transaction so only it is skipped.
-        written = failed = 0
-        for index, item in enumerate(chunk):
-            try:
-                _begin(con)
-                try:
-                    _run_writes(con, [item])
-                except _Unavailable:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - one bad write is skipped and counted, never the rest
-                    _rollback(con)
-                    message = error_line(exc)
-                    if self._write_without_progress_json(con, item, message):
-                        written += 1
-                        continue
-                    failed += 1
-                    _log.error(
-                        "history write %r failed and was skipped: %s", item.description, message
-                    )
-                    with self._cond:
-                        self._health = replace(self._health, last_error=message)
-                    continue
-                _commit(con)
-            except _Unavailable as exc:
-                _rollback(con)
-                return written, failed, chunk[index:], str(exc)
-            written += 1
-        return written, failed, [], None
-
-    def _write_without_progress_json(
-        self, con: duckdb.DuckDBPyConnection, item: _Pending, why: str
-    ) -> bool:
-        """Write a batch DuckDB refused again without its progress JSON; True if it is written.
-
-        The batch's numbers matter more than its document: a batch is never lost for its JSON.
-        Raises :class:`_Unavailable` when the file became unavailable meanwhile.
-        """
-        progress = item.progress
-        if progress is None or progress.batch.progress_json is None:
-            return False
-        bare = replace(progress, batch=progress.batch._replace(progress_json=None))
-        _begin(con)
-        try:
-            _run_writes(con, [replace(item, progress=bare)])
-        except _Unavailable:
-            raise
-        except Exception:  # noqa: BLE001 - the write is then skipped, as any failing write
-            _rollback(con)
-            return False
-        _commit(con)
-        self._count_progress_json_missing(item.description, why)
-        return True
+    def _note_failed_write(self, message: str) -> None:
+        with self._cond:
+            self._health = replace(self._health, last_error=message)
 
     def _count_progress_json_missing(self, description: str, why: str) -> None:
         """Count a batch kept without its progress JSON; log the first and every 1000th."""
@@ -700,7 +617,7 @@ class HistoryStore:
         try:
             con.execute("BEGIN TRANSACTION")
             deleted = apply_retention(con, cutoff_epoch_seconds=cutoff)
-            _commit(con)
+            commit(con)
             if deleted:
                 con.execute("CHECKPOINT")
                 _log.info(
@@ -709,7 +626,7 @@ class HistoryStore:
                     self.retention_days,
                 )
         except duckdb.Error as exc:
-            _rollback(con)
+            rollback(con)
             _log.warning("history retention failed (will retry): %s", error_line(exc))
         self._next_retention_at = time.monotonic() + self.retention_interval_seconds
 
@@ -756,62 +673,3 @@ class HistoryStore:
             self._health = replace(
                 self._health, errors_total=self._health.errors_total + 1, last_error=message
             )
-
-
-def write_size_bytes(description: str, payload_bytes: int) -> int:
-    """The memory a pending write holds, estimated cheaply: its payload (as its submitter
-    counts it) and a fixed overhead. Estimates, not measurements: they bound memory to within
-    Python's per-object overhead, which the payload estimates include per row."""
-    return _WRITE_OVERHEAD_BYTES + len(description) + max(0, payload_bytes)
-
-
-def _progress_bytes(rows: ProgressRows) -> int:
-    # the progress JSON dominates; every row also holds a dozen small Python objects
-    count = 1 + len(rows.operators) + len(rows.sources)
-    return len(rows.batch.progress_json or "") + count * _PROGRESS_ROW_BYTES
-
-
-def _rollback(con: duckdb.DuckDBPyConnection) -> None:
-    with contextlib.suppress(Exception):
-        con.execute("ROLLBACK")
-
-
-def _begin(con: duckdb.DuckDBPyConnection) -> None:
-    import duckdb
-
-    try:
-        con.execute("BEGIN TRANSACTION")
-    except (duckdb.Error, OSError) as exc:
-        raise _Unavailable(error_line(exc)) from None
-
-
-def _commit(con: duckdb.DuckDBPyConnection) -> None:
-    import duckdb
-
-    try:
-        con.execute("COMMIT")
-    except (duckdb.Error, OSError) as exc:
-        _rollback(con)
-        raise _Unavailable(error_line(exc)) from None
-
-
-def _run_writes(con: duckdb.DuckDBPyConnection, items: list[_Pending]) -> None:
-    """Run all progress rows in bulk, then the submitted writes in order.
-
-    Plugins submit a write per batch, so keeping strict interleaving would cut the bulk insert
-    into one ~10-statement upsert per batch: under Spark load that made a flush of a few hundred
-    batches take over 10 s and the writer fall behind. Progress rows are upserts of their own
-    rows that no submitted write has to precede, so they go first. I/O failures mean "database
-    unavailable".
-    """
-    import duckdb
-
-    try:
-        run = [item.progress for item in items if item.progress is not None]
-        if run:
-            write_progress_rows(con, run)
-        for item in items:
-            if item.progress is None and item.write is not None:
-                item.write(con)
-    except (duckdb.IOException, OSError) as exc:
-        raise _Unavailable(error_line(exc)) from None

@@ -1,9 +1,13 @@
-"""The Spark side of the audit: read one batch's files again and find the rows it dropped.
+"""The Spark side of the audit: one batch's input read again (each input through its
+:class:`~wmwatch._audit.replay.sources.base.BatchSource`), put through ``events``, and the rows
+the batch's late-row rule dropped found.
 
 Late rows reach the driver in chunks of at most :data:`CHUNK_BYTES` (each row's ``row_data`` is
 at most ``max_row_bytes``), never a batch at once; with the Parquet sink, or for a batch with
 more late rows than the driver keeps, Spark writes them to Parquet itself. Every Spark job runs
-under a deadline (:mod:`wmwatch._core.spark_jobs`) in the audit's own scheduler pool.
+under a deadline (:mod:`wmwatch._core.spark_jobs`) in the audit's own scheduler pool. Over 500
+lines as one class: a batch's late-row frame, its chunked fetch to the driver and its Parquet
+write share the batch's plan, pool and deadline.
 """
 
 from __future__ import annotations

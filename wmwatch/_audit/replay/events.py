@@ -1,26 +1,7 @@
 """Replaying ``events`` as the user wrote it (classic PySpark): a batch's raw source rows, put
-through the transformation ``events``' own plan applies to its streaming source.
-
-A query rarely aggregates its source as read: it parses (``from_json``, ``select("j.*")``),
-filters and adds columns before ``withWatermark``. :func:`as_written` reads that chain once off
-``events``' analysed logical plan (through the driver's JVM) and gives a function that, for each
-replayed batch, rebuilds the plan with the streaming leaf (``StreamingRelation*``) replaced by
-the batch's plan. The batch's columns are renamed to the leaf's attributes (same names and
-expression ids, through a ``Project`` of ``Alias``es) so that every parent's references still
-resolve; ``EventTimeWatermark`` is left out (a batch has no watermark: a batch Dataset's own
-``withWatermark`` is dropped by the analyser too). Columns the audit attaches to the raw rows
-(:data:`~wmwatch._audit.replay.sources.base.SOURCE_FILE_COL`) are carried through every
-projection above.
-
-Every kind of source uses this one module: whatever a
-:class:`~wmwatch._audit.replay.sources.base.BatchSource` reads (files, a Python data source, a JVM
-stream, Kafka, Delta) is its input.
-
-What cannot be replayed is refused at the start, with the reason: a non-deterministic
-expression (``rand()``, ``uuid()``, ``monotonically_increasing_id()``), one whose value is the
-time the batch ran (``current_timestamp()``), a sample, and a stateful step inside ``events``
-(an aggregation, a deduplication, a join, a limit, a state function): the replay would give other
-rows than the query's first stateful operator read. ``prepare=`` overrides all of this.
+through the transformation ``events``' own plan applies to its streaming source, for every kind
+of source; and what cannot be replayed, refused at the start with the reason. How the plan is
+rebuilt, and what is refused: docs/audit-sources.md (``events`` as written).
 """
 
 from __future__ import annotations

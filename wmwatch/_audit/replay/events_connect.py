@@ -1,21 +1,6 @@
-"""Replaying ``events`` as the user wrote it on Spark Connect: the client's own plan rewritten.
-
-A Connect client holds no JVM plan, only its own tree of plan objects
-(``pyspark.sql.connect.plan``), which it turns into protobuf relations for every request. So the
-replay copies the nodes between ``events``' streaming read and its top, hangs them over the
-batch's read instead, and sends that. Columns are referred to by name there, resolved by the
-server; a reference tied to a DataFrame (``raw["value"]``) carries the read's plan id, so the
-batch's columns are selected under that same id. ``withWatermark`` nodes are left out (the
-server's analyser would drop them over a batch anyway). The columns the audit attaches to the
-raw rows (the source file) are added to every projection above, when every step above is one
-that keeps or lists columns; otherwise the replayed rows go without them.
-
-What cannot be replayed is read off the server's analysed plan of ``events``, as text: the same
-stateful steps and samples as on classic PySpark, and Spark's non-deterministic and batch-time
-functions by name. The text does not say whether a Python UDF is deterministic, the client's
-plan does: a UDF it holds marked non-deterministic (``asNondeterministic()``) is refused, and
-so is one the text shows that the client's plan does not hold (called by a registered name),
-whose determinism the client cannot read.
+"""Replaying ``events`` as the user wrote it on Spark Connect: the client's own plan rewritten
+over each batch's read, and what cannot be replayed, read off the server's analysed plan text.
+How, and what it cannot see: docs/audit-sources.md (``events`` as written).
 """
 
 from __future__ import annotations

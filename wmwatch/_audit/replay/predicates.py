@@ -1,27 +1,8 @@
 """The late-row rules of Spark's stateful operators, and reading them off a query plan.
 
-Pure logic, no JVM. What Spark does (re-checked by the conservation tests in
-tests/test_audit_spark.py):
-
-- batch N filters late rows with the watermark of batch N-1 (``offsets/N-1``);
-- a windowed aggregation drops a row for a window when ``window.end <= watermark``; a sliding
-  window is judged per window, so one row can be dropped for some windows and kept for others;
-- ``dropDuplicates`` with the event time in its keys and ``dropDuplicatesWithinWatermark`` drop a
-  row when ``event_time <= watermark``;
-- each side of a stream-stream join drops its own input row when that side's event time is
-  ``<= watermark`` (the same watermark on both sides; a time-range condition moves only the
-  state's eviction, not this filter);
-- a session window drops a row when its session would end by the watermark:
-  ``event_time + gap <= watermark``;
-- an aggregation keyed by the event-time column itself, and ``(flat)MapGroupsWithState`` /
-  ``applyInPandasWithState`` with an event-time timeout and ``transformWithState`` in event-time
-  mode, drop a row when ``event_time <= watermark``.
-
-docs/spark-semantics.md has each rule with the Spark source it comes from and the test that
-verifies it.
-
-Timestamps are integers in microseconds (``*_us``) as Spark holds them; watermarks are in
-milliseconds (``*_ms``) as the checkpoint writes them.
+Pure logic, no JVM. Each rule, with the Spark source it comes from and the test that verifies
+it: docs/spark-semantics.md. Timestamps are integers in microseconds (``*_us``) as Spark holds
+them; watermarks are in milliseconds (``*_ms``) as the checkpoint writes them.
 """
 
 from __future__ import annotations

@@ -1,2 +1,3 @@
-"""The audit's part of ``wmwatch report``: the late-rows section (``section``) and its series for
-the HTML charts (``series``)."""
+"""The audit's part of ``wmwatch report``, by layer: ``folders`` (the Parquet folders the history
+lists), ``loading`` (the SQL), ``advice`` (the arithmetic), ``section`` (rendering, and the
+section itself) and ``series`` (the HTML report's series)."""

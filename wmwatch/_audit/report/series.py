@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from wmwatch._audit.report.section import _late_rows_source
+from wmwatch._audit.report.loading import late_rows_source
 from wmwatch._section import Scope, named_rows
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def load_late_rows_history(
         counts.append(int(row["late_rows"]))
     if not batches:
         return {}
-    source_sql, params, _missing = _late_rows_source(con, scope)
+    source_sql, params, _missing = late_rows_source(con, scope)
     bucket = (
         f"greatest(0, floor(log10(greatest({{col}}, {_FLOOR_SECONDS}) / {_FLOOR_SECONDS}) "
         f"* {BINS_PER_DECADE}))::INTEGER"

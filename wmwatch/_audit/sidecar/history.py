@@ -1,23 +1,7 @@
-"""The sidecar's batch history: each batch it audits, read from the checkpoint and written to the
-tables the listener fills (batches, sources, operators), so that ``wmwatch report`` shows the
-audited query's batches and watermarks as for an in-job audit.
-
-The batch is read as ``wmwatch checkpoint-history`` reads it
-(:func:`wmwatch._checkpoint.history.read_batches`) and written by its writer
-(:func:`~wmwatch._checkpoint.history.write_history`), under the same run id, through
-the watch's one history store, just before the batch's audit marker: one writer, no second
-lock on the file. Only the batch just audited is read (and the offsets of the one before, which
-the previous call kept), so a long-running sidecar reads each offsets file about once; the
-checkpoint's reach (offsets, commits, state folders, for the ``checkpoint_reads`` row) is
-listed at most every few seconds, and that row's count of batches written is added to, never
-recounted over the whole history, per batch.
-Writing a batch again replaces its rows, so a restarted sidecar duplicates nothing; at start,
-batches marked audited without a batch row (a write lost with a kill, or a history from an
-older wmwatch) are written while the checkpoint still holds them.
-
-State rows are not counted here: each count is a Spark job per batch and operator, which a
-sidecar following a query should not run on every commit; ``wmwatch checkpoint-history`` on
-the same history file adds them and the sidecar's later writes keep them.
+"""The sidecar's batch history: each batch it audits, read from the checkpoint as ``wmwatch
+checkpoint-history`` reads it and written to the tables the listener fills, just before the
+batch's audit marker, so that ``wmwatch report`` shows the audited query's batches and
+watermarks as for an in-job audit. What it writes and leaves out: docs/sidecar-audit.md.
 """
 
 from __future__ import annotations
@@ -28,15 +12,14 @@ from typing import TYPE_CHECKING
 
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows
 from wmwatch._checkpoint.history import (
-    CHECKPOINT_RUN_ID,
     CheckpointHistory,
     Retention,
     StateOperator,
     read_batches,
     read_operators,
-    write_history,
 )
 from wmwatch._checkpoint.reader import CheckpointReader, OffsetsEntry
+from wmwatch._checkpoint.tables import CHECKPOINT_RUN_ID, write_history
 from wmwatch._core.plugins import HistoryAccess, Write
 from wmwatch._text import clean, error_line, get_logger
 

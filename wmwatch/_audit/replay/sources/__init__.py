@@ -39,8 +39,9 @@ def source_of(spark: Any, events: Any, query_plan: Any, plan_text: str) -> Found
             return kind.found(spark, events, relation, positions, plan_text)
     raise UnsupportedSourceError(
         f"events reads {first_line(str(relation.toString()), 120)}, which cannot be replayed "
-        f"batch by batch; the audit supports file sources ({', '.join(files.SUPPORTED_FORMATS)}) "
-        "and Python data sources."
+        f"batch by batch; the audit reads again file sources "
+        f"({', '.join(files.SUPPORTED_FORMATS)}), Kafka, Delta Lake, Python data sources and "
+        "the JVM streams a session holds (docs/audit-sources.md)."
     )
 
 

@@ -1,43 +1,8 @@
-"""Reading a batch of a Delta Lake stream again (``spark.readStream.format("delta")``).
-
-A Delta stream logs its position as ``{"sourceVersion":1,"reservoirId":...,"reservoirVersion":V,
-"index":I,"isStartingVersion":S}``. Delta's source (``DeltaSource.getFileChanges``) reads the
-table as one sequence of files, each numbered ``(version, index)``:
-
-- the first snapshot (when the stream started without ``startingVersion``/``startingTimestamp``):
-  the snapshot's files at version V, sorted by ``(modificationTime, path)`` and numbered 0..,
-  all with version V;
-- then, commit by commit, the ``AddFile`` actions with ``dataChange=true``, in the commit's
-  order, numbered 0.. within their version. A commit that also removes data
-  (``RemoveFile`` with ``dataChange=true``) is left out whole under ``skipChangeCommits``; a
-  rewrite such as ``OPTIMIZE`` (``dataChange=false``) adds nothing to the sequence.
-
-Batch N read the files after ``offsets/N-1``'s ``(reservoirVersion, index)`` up to and including
-``offsets/N``'s (index -1 stands before every file of its version). ``maxFilesPerTrigger`` and
-``maxBytesPerTrigger`` only decide where a batch ends, which the log records, so the replay needs
-neither. The first batch starts before the snapshot (``isStartingVersion`` true in its end), at
-``startingVersion`` or the version ``startingTimestamp`` resolves to (the first commit at or after
-it, resolved by Delta's own ``DeltaSource.getStartingVersionFromTimestamp``), or, when its end is
-past the snapshot, in the snapshot of the version before its end
-(``DeltaSource.extractStartingState``). Rows are read back through Delta's own reader
-(``DeltaLog.createDataFrame`` over exactly those ``AddFile`` actions, one scan per version when
-files carry deletion vectors, as the stream does), so partition values, column mapping and
-deletion vectors are applied as the stream applied them.
-
-The offsets name the table by its id (``reservoirId``, the id of its ``metaData`` action, kept
-across ``REPLACE TABLE``): a batch is read again only from a table with that id, so a table
-deleted and created again at the path (or a sidecar pointed at another table) never replays
-other files where version numbers overlap. Which files a batch read is worked out when it is
-read again, under the replay's deadline: a slice of the first snapshot is picked by Spark from
-the snapshot's file list (never listed into the driver), so a batch of ``maxFilesPerTrigger``
-files costs the same at the start of a 200,000-file snapshot as at its end.
-
-A file VACUUM removed (the replay's read fails on it), or a commit the log's retention removed,
-cannot be read again: the batch is lost, with the reason
-(:class:`~wmwatch._checkpoint.reader.CheckpointEntryGone`). That takes
-``spark.sql.files.ignoreMissingFiles`` off, as it is by default: with it on a missing file
-would be skipped silently, and such a session is refused, as is ``withEventTimeOrder`` (its
-first snapshot is read in another order than the one replayed here).
+"""Reading a batch of a Delta Lake stream again (``spark.readStream.format("delta")``): the files
+batch N read, from its two logged offsets and the table's log, read back through Delta's own
+reader, only from the table the offsets name (``reservoirId``); a file or commit no longer
+there, or another table at the path, is the batch lost with the reason. The rule, from Delta's
+source and checked in real runs: docs/audit-sources.md (Delta Lake).
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
-"""Reading a batch of a JVM streaming source (a DataSource V2 ``MicroBatchStream``) again.
-
-A V2 stream logs each batch's end offset in ``offsets/N`` (the JSON of its ``Offset``); batch N
-read from ``offsets/N-1``'s offset (or the stream's ``initialOffset()``) to ``offsets/N``'s.
-After a restart Spark re-runs an uncommitted batch from exactly those two offsets:
-``planInputPartitions(start, end)``, then a reader from ``createReaderFactory()`` per partition,
-on executors. The audit uses the same contract: :class:`JvmStreamBatchSource` builds a batch
-DataFrame over those partitions and that reader factory, so executors read the rows again through
-the source's own reader, never the driver. Real-time mode logs its batches the same way (the end
-offset is the one the batch reached when its interval ended).
-
-The stream object is the one the query reads. Here that is a memory stream the session holds
-(``LowLatencyMemoryStream``, the real-time source that runs without a broker; its table hands
-out the stream). Kafka's stream is made per query from its options and checkpoint, so it is not
-reachable this way: :mod:`wmwatch._audit.replay.sources.kafka` reads its batches again, the same
-offsets given to a batch read as ``startingOffsets``/``endingOffsets``.
+"""Reading a batch of a JVM streaming source (a DataSource V2 ``MicroBatchStream``) again, real-time
+mode included: a batch DataFrame over the partitions the stream plans between the batch's two
+logged offsets, read by executors through the stream's own reader factory. Which streams it
+reaches, and why Kafka's is not one of them: docs/audit-sources.md (JVM streams).
 """
 
 from __future__ import annotations

@@ -1,35 +1,8 @@
-"""Reading a batch of a Kafka source again.
-
-A Kafka source logs, per batch, the next offset to read of every topic partition
-(``offsets/N``: ``{"clicks":{"0":1234,"1":987}}``), so batch N read ``[offsets/N-1, offsets/N)``
-per partition. The first batch starts where the query started, which the source wrote to its
-own log (``sources/<i>/0``: earliest, latest or the JSON of ``startingOffsets``, resolved to
-offsets); a partition missing from ``offsets/N-1`` was added since and was read from its start.
-:class:`KafkaBatchSource` reads exactly those ranges with Spark's Kafka batch reader, the
-query's own options and the partitions named one by one (``assign``), so topics matched by a
-pattern or partitions added later are read as the batch read them.
-
-The checkpoint names offsets, not records: records deleted (retention, ``deleteRecords``),
-removed by compaction, or a topic deleted and created again under the same name all leave
-offsets that Spark's reader reads without complaint (a gap above the earliest offset is
-skipped even with ``failOnDataLoss``). Before each read, and again after it, the broker is
-asked (through the driver's JVM, with the query's client settings) for each topic's id,
-``cleanup.policy`` and each partition's earliest and latest offsets; a batch is counted lost
-with the reason (:class:`RecordsGone`), never audited from what is left, when its range starts
-below the earliest offset, ends past the latest, its topic or partition is gone, or the topic's
-id is not the one the audit first saw (kept in the history:
-:class:`~wmwatch._audit.replay.sources.base.IdentityBook`). A compacted topic's batch is read
-only when every offset of its range still holds a record (one count per partition). Spark's
-``KAFKA_DATA_LOSS`` failure of the replay itself counts the batch lost too.
-
-A Spark Connect client has no JVM to ask the broker with: there each partition's first and last
-record of the range are read with ``failOnDataLoss`` on, which Spark's reader fails with
-``KAFKA_DATA_LOSS`` exactly when records below the first were deleted or the partition ends
-before the last (an offset that is merely invisible, a transaction marker, is skipped); topic ids
-and compaction are not checked there. On Connect the options come from the client's own plan of
-``events`` and the source's position from the progress's description
-(``KafkaV2[Subscribe[clicks]]``). The query's options (``kafka.*`` security settings among
-them) stay in memory; what is logged or stored names only the topics.
+"""Reading a batch of a Kafka source again: each partition's ``[offsets/N-1, offsets/N)`` through
+Spark's Kafka batch reader with the query's own options, after checking that the broker still
+holds the range as the query read it (records deleted or compacted away, a topic deleted and
+created again: the batch is lost, with the reason). The offsets, the first batch, Spark Connect
+and secrets: docs/audit-sources.md (Kafka).
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Reading a batch of a Python streaming data source (``pyspark.sql.datasource``) again.
-
-The offset line a Python source writes to ``offsets/N`` is the JSON its reader returned from
-``latestOffset()``. After a restart Spark re-runs an uncommitted batch by calling
-``reader.partitions(start, end)`` with the offsets of ``offsets/N-1`` and ``offsets/N`` and then
-``read(partition)`` on executors (for a ``SimpleDataSourceStreamReader``:
-``readBetweenOffsets(start, end)``); the data source contract requires the same rows for the same
-offsets. The audit relies on exactly that contract: :class:`PythonBatchSource` reads batch N
-through a batch data source that wraps the user's stream reader with N's logged offsets, so the
-rows are read by executors, never collected in the driver. The first batch starts at the
-reader's ``initialOffset()``.
-
-The user's ``DataSource`` class is taken from the session's data source registry, where
-``spark.dataSource.register`` put it (pickled); on Spark Connect, whose server registry is out of
-the client's reach, from the classes defined in the client's process.
+"""Reading a batch of a Python streaming data source (``pyspark.sql.datasource``) again: a batch
+data source that wraps the user's stream reader with the batch's two logged offsets, so that
+executors read the rows, never the driver. The contract it relies on: docs/audit-sources.md
+(Python data sources).
 """
 
 from __future__ import annotations
