@@ -18,7 +18,7 @@ from wmwatch._audit.replay.sources.kafka import (
     parse_kafka_offsets,
     records_gone,
 )
-from wmwatch._checkpoint.reader import CheckpointDamaged
+from wmwatch._checkpoint.fs import CheckpointDamaged
 
 
 def test_batch_ranges_per_partition_with_added_partitions_from_zero() -> None:

@@ -33,7 +33,8 @@ from tests.harness.checks import (
     final_watermark_ms,
 )
 from tests.harness.streams import DELAY, SCHEMA, stream_files, write_events
-from wmwatch._checkpoint.reader import CheckpointReader, HadoopFileSystem
+from wmwatch._checkpoint.fs import HadoopFileSystem
+from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch._errors import AuditError
 from wmwatch.cli import app
 

@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from wmwatch._checkpoint.reader import (
+from wmwatch._checkpoint.fs import (
     CheckpointDamaged,
     CheckpointEntryGone,
     CheckpointFormatUnknown,
-    CheckpointReader,
-    files_for_log_range,
     local_root,
     normalise_path,
+)
+from wmwatch._checkpoint.reader import (
+    CheckpointReader,
+    files_for_log_range,
     parse_log_offset,
     parse_offsets,
     parse_source_log,
@@ -404,7 +406,7 @@ def test_a_fifo_or_device_in_a_checkpoint_is_refused_without_hanging(tmp_path: P
 def test_a_checkpoint_file_over_the_read_bound_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import wmwatch._checkpoint.reader as checkpoint_module
+    import wmwatch._checkpoint.fs as checkpoint_module
 
     monkeypatch.setattr(checkpoint_module, "MAX_FILE_BYTES", 1024)
     (tmp_path / "offsets").mkdir()

@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 
 import wmwatch
 from tests.harness.streams import write_events
+from wmwatch._checkpoint.fs import HadoopFileSystem
 from wmwatch._checkpoint.history import read_checkpoint
-from wmwatch._checkpoint.reader import CheckpointReader, HadoopFileSystem
+from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch.cli import app
 
 pytestmark = pytest.mark.spark

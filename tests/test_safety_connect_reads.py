@@ -19,11 +19,8 @@ from typing import Any
 import pytest
 
 from wmwatch._audit.replay.connect import SessionFileSystem
-from wmwatch._checkpoint.reader import (
-    MAX_FILE_BYTES,
-    CheckpointDamaged,
-    CheckpointReader,
-)
+from wmwatch._checkpoint.fs import MAX_FILE_BYTES, CheckpointDamaged
+from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch._errors import AuditError
 
 pytestmark = [pytest.mark.spark, pytest.mark.connect]

@@ -25,7 +25,7 @@ from tests.harness.cli import one_line, sidecar_args
 from tests.harness.streams import write_events
 from tests.sidecar_defs import IN_VARIABLE
 from tests.sidecar_driver import many_files
-from wmwatch._checkpoint.reader import inside_checkpoint
+from wmwatch._checkpoint.fs import inside_checkpoint
 from wmwatch._errors import ConfigError
 from wmwatch.cli import app
 

@@ -30,7 +30,8 @@ from wmwatch._audit.replay.sources.base import (
 from wmwatch._audit.retention import Retention, log_lost
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows, InputCount, LateRow
 from wmwatch._audit.status import AuditCounters, audit_status
-from wmwatch._checkpoint.reader import CheckpointEntryGone, CheckpointReader
+from wmwatch._checkpoint.fs import CheckpointEntryGone
+from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch._errors import AuditError
 from wmwatch._text import get_logger
 

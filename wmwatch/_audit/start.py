@@ -25,7 +25,8 @@ from wmwatch._audit.replay.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.replay.predicates import JOIN
 from wmwatch._audit.replay.sources.base import ConnectFound, Found
 from wmwatch._audit.sinks import AuditHistory
-from wmwatch._checkpoint.reader import CheckpointReader, HadoopFileSystem, local_root
+from wmwatch._checkpoint.fs import HadoopFileSystem, local_root
+from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch._core.plugins import HistoryAccess, WatchContext
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError

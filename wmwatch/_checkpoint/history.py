@@ -13,11 +13,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from wmwatch._checkpoint.fs import CheckpointDamaged, CheckpointFormatUnknown, FileSystem
 from wmwatch._checkpoint.reader import (
-    CheckpointDamaged,
-    CheckpointFormatUnknown,
     CheckpointReader,
-    FileSystem,
     OffsetsEntry,
     checkpoint_json,
     min_batches_to_retain,

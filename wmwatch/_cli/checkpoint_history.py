@@ -87,7 +87,7 @@ def checkpoint_history(
     works on the result. Reads the checkpoint only; never writes into it. Running it again
     replaces what it wrote before; batches a listener recorded are kept as they are.
     """
-    from wmwatch._checkpoint.reader import inside_checkpoint, local_root
+    from wmwatch._checkpoint.fs import inside_checkpoint, local_root
 
     local = local_root(checkpoint)
     if local is not None and not os.path.isdir(local):
@@ -113,8 +113,9 @@ def checkpoint_history(
 
 
 def _read(checkpoint: str, local: str | None, spark_for: Any) -> CheckpointHistory:
+    from wmwatch._checkpoint.fs import HadoopFileSystem
     from wmwatch._checkpoint.history import read_checkpoint
-    from wmwatch._checkpoint.reader import CheckpointReader, HadoopFileSystem
+    from wmwatch._checkpoint.reader import CheckpointReader
     from wmwatch._errors import WmwatchError
     from wmwatch._text import error_line
 

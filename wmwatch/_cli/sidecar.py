@@ -114,7 +114,8 @@ def sidecar(
     """
     from wmwatch._audit.sidecar.definition import load_function
     from wmwatch._audit.sidecar.run import checkpoint_query_id
-    from wmwatch._checkpoint.reader import CheckpointReader, inside_checkpoint, local_root
+    from wmwatch._checkpoint.fs import inside_checkpoint, local_root
+    from wmwatch._checkpoint.reader import CheckpointReader
     from wmwatch._errors import WmwatchError
 
     if inside_checkpoint(db, checkpoint):

@@ -19,12 +19,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from wmwatch._checkpoint.reader import (
-    MAX_FILE_BYTES,
-    CheckpointDamaged,
-    check_size,
-    normalise_path,
-)
+from wmwatch._checkpoint.fs import MAX_FILE_BYTES, CheckpointDamaged, check_size, normalise_path
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 from wmwatch._plantext import explain_text

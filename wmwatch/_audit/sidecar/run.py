@@ -21,16 +21,15 @@ from wmwatch._audit.replay.sources.files import FileBatchSource
 from wmwatch._audit.sidecar.history import SidecarHistory
 from wmwatch._audit.sidecar.settings import check_event_times, check_recorded_conf
 from wmwatch._audit.start import COMPLETE_MODE, QueryPlan, events_list, start_auditor
-from wmwatch._checkpoint.history import parse_query_id
-from wmwatch._checkpoint.reader import (
+from wmwatch._checkpoint.fs import (
     CheckpointDamaged,
-    CheckpointReader,
     HadoopFileSystem,
     inside_checkpoint,
     local_root,
     normalise_path,
-    parse_source_log,
 )
+from wmwatch._checkpoint.history import parse_query_id
+from wmwatch._checkpoint.reader import CheckpointReader, parse_source_log
 from wmwatch._core.plugins import HistoryAccess, WatchContext
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import AuditError, ConfigError, WmwatchError

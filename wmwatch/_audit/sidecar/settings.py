@@ -22,7 +22,8 @@ from typing import Any
 from wmwatch._audit.replay.engine import ReplayInput
 from wmwatch._audit.replay.events import EventsAsWritten, as_the_watermark_reads
 from wmwatch._audit.replay.sources.base import UnreplayableSource, relation_position
-from wmwatch._checkpoint.reader import CheckpointEntryGone, CheckpointReader, OffsetsEntry
+from wmwatch._checkpoint.fs import CheckpointEntryGone
+from wmwatch._checkpoint.reader import CheckpointReader, OffsetsEntry
 from wmwatch._core.spark_jobs import bounded_job
 from wmwatch._errors import AuditError
 from wmwatch._text import error_line, get_logger

@@ -98,7 +98,7 @@ class BatchSource(Protocol):
     def after_read(self, spark: Any, what: Any, error: BaseException | None) -> None:
         """Called once the replay's jobs over ``what`` ended, with what they raised (None when
         they succeeded). Raises
-        :class:`~wmwatch._checkpoint.reader.CheckpointEntryGone` when the data read was not, or
+        :class:`~wmwatch._checkpoint.fs.CheckpointEntryGone` when the data read was not, or
         can no longer be shown to be, the batch's (records deleted or a topic replaced during
         the read, a file gone): the batch is then counted lost, not retried."""
         ...

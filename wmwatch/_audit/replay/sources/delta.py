@@ -20,9 +20,8 @@ from wmwatch._audit.replay.sources.base import (
     scala_map,
     scala_seq,
 )
+from wmwatch._checkpoint.fs import CheckpointDamaged, CheckpointEntryGone
 from wmwatch._checkpoint.reader import (
-    CheckpointDamaged,
-    CheckpointEntryGone,
     CheckpointReader,
     checkpoint_long,
     parse_offset_json,

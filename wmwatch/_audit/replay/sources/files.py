@@ -27,7 +27,8 @@ from wmwatch._audit.replay.sources.base import (
     scala_map,
     scala_seq,
 )
-from wmwatch._checkpoint.reader import CheckpointReader, normalise_path
+from wmwatch._checkpoint.fs import normalise_path
+from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch._core.sessions import is_connect
 from wmwatch._errors import UnsupportedSourceError
 
