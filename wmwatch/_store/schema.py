@@ -3,7 +3,8 @@
 The schema is versioned in ``wmwatch_schema``. Migrations are append-only: version N is applied
 once, in a transaction, to a database at version N-1. A database written by a newer wmwatch than
 this one is refused with a clear error instead of being read wrongly. docs/history.md documents
-every table; keep both in step.
+every table; keep both in step. Over 500 lines because each version's tables and the migration
+to it stay side by side in one file, so that the schema a file ends up with is read in one place.
 """
 
 from __future__ import annotations

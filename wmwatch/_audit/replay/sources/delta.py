@@ -2,7 +2,9 @@
 batch N read, from its two logged offsets and the table's log, read back through Delta's own
 reader, only from the table the offsets name (``reservoirId``); a file or commit no longer
 there, or another table at the path, is the batch lost with the reason. The rule, from Delta's
-source and checked in real runs: docs/audit-sources.md (Delta Lake).
+source and checked in real runs: docs/audit-sources.md (Delta Lake). Over 500 lines because
+Delta's rule for which files a batch read (pure, tested without a JVM) and the reads through
+Delta's own classes that apply it change together with each Delta release.
 """
 
 from __future__ import annotations
