@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from wmwatch._audit.replay.sources.base import MemoryIdentityBook, SeenIdentity
+from wmwatch._audit.identities import MemoryIdentityBook, SeenIdentity
 from wmwatch._audit.replay.sources.kafka import (
     KafkaSourceSpec,
     TopicState,

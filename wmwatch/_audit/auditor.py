@@ -15,18 +15,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from wmwatch._audit.handled import BatchRange, HandledBatches
+from wmwatch._audit.identities import IdentityBook, MemoryIdentityBook
 from wmwatch._audit.jumps.read import read_top_rows
 from wmwatch._audit.jumps.rules import TopRow
 from wmwatch._audit.jumps.watch import JumpWatch
 from wmwatch._audit.pacing import YIELD_FACTOR, IdleWait, SlotGate
 from wmwatch._audit.replay.engine import Replayer, ReplayInput
 from wmwatch._audit.replay.predicates import OperatorSpec, batch_may_have_late_rows
-from wmwatch._audit.replay.sources.base import (
-    IdentityBook,
-    MemoryIdentityBook,
-    RemembersIdentities,
-    UnreplayableSource,
-)
+from wmwatch._audit.replay.sources.base import RemembersIdentities, UnreplayableSource
 from wmwatch._audit.retention import Retention, log_lost
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows, InputCount, LateRow
 from wmwatch._audit.status import AuditCounters, audit_status

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from wmwatch._audit.replay.sources.base import IdentityBook, MemoryIdentityBook, SeenIdentity
+from wmwatch._audit.identities import IdentityBook, MemoryIdentityBook, SeenIdentity
 from wmwatch._errors import AuditError
 from wmwatch._text import redact
 

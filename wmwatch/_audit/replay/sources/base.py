@@ -4,20 +4,20 @@ helpers the kinds share.
 A source the audit can read again is a :class:`BatchSource`: it says what batch N read (from the
 query's checkpoint), reads exactly that again as a batch DataFrame, and, once the replay's jobs
 ended, says whether what they read was still the batch's. A source whose identity the checkpoint
-does not record (a Kafka topic's id) keeps what the audit saw of it in an :class:`IdentityBook`
-(the history, or memory), handed over through :class:`RemembersIdentities`. A kind of source is a
-:class:`SourceKind`: whether a streaming relation of the query's plan is of that kind, and how to
-build its :class:`BatchSource` (:class:`Found`). The kinds are registered, in order, in
-:data:`wmwatch._audit.replay.sources.KINDS`.
+does not record (a Kafka topic's id) keeps what the audit saw of it in an identity book
+(:mod:`wmwatch._audit.identities`), handed over through :class:`RemembersIdentities`. A kind
+of source is a :class:`SourceKind`: whether a streaming relation of the query's plan is of that
+kind, and how to build its :class:`BatchSource` (:class:`Found`). The kinds are registered, in
+order, in :data:`wmwatch._audit.replay.sources.KINDS`.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from wmwatch._audit.identities import IdentityBook
 from wmwatch._checkpoint.reader import CheckpointReader
 from wmwatch._errors import AuditError, ConfigError, UnsupportedSourceError
 
@@ -104,52 +104,10 @@ class BatchSource(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class SeenIdentity:
-    """What the audit saw of a source that the checkpoint does not identify (a Kafka topic):
-    its identity (the broker's topic id) and the first batch planned after it was seen.
-
-    Batches from ``since_batch`` on read this identity, as far as the audit can show (the id
-    was the same before they were planned and after they were read); earlier ones were planned
-    before the audit looked. ``replaced``: the audit saw another identity under the same name
-    first, so those earlier batches may have read either.
-    """
-
-    identity: str
-    since_batch: int
-    replaced: bool = False
-
-
-class IdentityBook(Protocol):
-    """Where an audit keeps what it saw of its sources' identities, per source and name (the
-    history's ``audit_source_identities``, or memory for an audit without one)."""
-
-    def seen(self, source_index: int, name: str) -> SeenIdentity | None: ...
-
-    def record(self, source_index: int, name: str, seen: SeenIdentity) -> None: ...
-
-
-class MemoryIdentityBook:
-    """An :class:`IdentityBook` held in memory (seeded from a history when there is one); one
-    entry per source name, so it is as small as the set of topics the query reads."""
-
-    def __init__(self, seeded: Mapping[tuple[int, str], SeenIdentity] | None = None) -> None:
-        self._lock = threading.Lock()
-        self._seen = dict(seeded or {})
-
-    def seen(self, source_index: int, name: str) -> SeenIdentity | None:
-        with self._lock:
-            return self._seen.get((source_index, name))
-
-    def record(self, source_index: int, name: str, seen: SeenIdentity) -> None:
-        with self._lock:
-            self._seen[(source_index, name)] = seen
-
-
 @runtime_checkable
 class RemembersIdentities(Protocol):
     """A source that checks an identity its checkpoint does not record against what the audit
-    saw first: the audit hands it its :class:`IdentityBook` when it starts."""
+    saw first: the audit hands it its identity book when it starts."""
 
     def remember_with(self, book: IdentityBook) -> None: ...
 

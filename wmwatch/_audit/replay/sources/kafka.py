@@ -13,14 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from wmwatch._audit.identities import IdentityBook, MemoryIdentityBook
 from wmwatch._audit.replay.connect import relation_schema_json
 from wmwatch._audit.replay.sources.base import (
     SOURCE_FILE_COL,
     SOURCE_POSITION_COL,
     ConnectFound,
     Found,
-    IdentityBook,
-    MemoryIdentityBook,
     SourceKind,
     SourceOptions,
 )

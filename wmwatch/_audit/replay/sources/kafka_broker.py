@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmwatch._audit.replay.sources.base import IdentityBook, SeenIdentity
+from wmwatch._audit.identities import IdentityBook, SeenIdentity
 from wmwatch._text import get_logger
 
 log = get_logger("wmwatch.audit")
