@@ -23,9 +23,8 @@ import pytest
 
 import wmwatch
 from tests.harness.checks import offsets_moved, per_batch_dropped
-from tests.harness.handmade import iso
 from tests.harness.kafka import PARTITIONS, event_stream, kafka_stream, new_topic, parse, produce
-from tests.harness.streams import SCHEMA, ts
+from tests.harness.streams import SCHEMA, epoch_seconds, ts
 from wmwatch._checkpoint.reader import CheckpointReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
@@ -419,7 +418,7 @@ def test_compacted_topic_batches_are_audited_whole_or_lost_where_compaction_reac
         if late_ms is None:
             return False
         low = (event or {}).get("eventTime", {}).get("min")
-        return not (event and event["numInputRows"] and low and iso(low) * 1000 > late_ms)
+        return not (event and event["numInputRows"] and low and epoch_seconds(low) * 1000 > late_ms)
 
     expected = {b for b in reader.committed_batches() if reads_missing(b) and replayed(b)}
     assert expected, "compaction reached no batch the audit replays"

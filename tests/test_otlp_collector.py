@@ -28,9 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import wmwatch
 from tests import kafka_broker
 from tests import otelcol_server as otelcol
-from tests.harness.handmade import iso
 from tests.harness.net import free_port
-from tests.harness.streams import write_events
+from tests.harness.streams import epoch_seconds, write_events
 from wmwatch._metrics.otlp.names import BY_PROMETHEUS, METRICS, Mapped
 
 pytestmark = [pytest.mark.spark, pytest.mark.otel]
@@ -220,7 +219,8 @@ def test_every_metric_arrives_with_the_values_metrics_serves(
         (found,) = [p.value for p in points if p.name == name and p.attributes == want]
         return float(found)
 
-    assert point("spark.streaming.watermark") == iso(progress[-1]["eventTime"]["watermark"])
+    watermark = progress[-1]["eventTime"]["watermark"]
+    assert point("spark.streaming.watermark") == epoch_seconds(watermark)
     assert point("spark.streaming.batches") == len(progress)
     assert point("spark.streaming.input.rows") == sum(len(f) for f in FILES)
     dropped = sum(op["numRowsDroppedByWatermark"] for p in progress for op in p["stateOperators"])
@@ -254,7 +254,7 @@ def test_every_metric_arrives_with_the_values_metrics_serves(
     for p in progress:
         span = batches[p["batchId"]]
         assert span.parent_span_id == ""
-        assert span.start_unix_nano == round(iso(p["timestamp"]) * 1000) * 1_000_000
+        assert span.start_unix_nano == round(epoch_seconds(p["timestamp"]) * 1000) * 1_000_000
         assert (
             span.end_unix_nano - span.start_unix_nano
             == p["durationMs"]["triggerExecution"] * 1_000_000

@@ -149,6 +149,7 @@ class AuditHistory:
         self._store = store
         self.query_id = query_id
         self.label = label
+        self._identities: IdentityBook | None = None
 
     def drop_interrupted_replays(self) -> None:
         """Delete rows a crashed replay staged; the audit replays those batches again."""
@@ -176,7 +177,10 @@ class AuditHistory:
 
     def identity_book(self) -> IdentityBook:
         """What earlier audits of the query saw of its sources' identities (Kafka topic ids),
-        kept in ``audit_source_identities`` as this audit sees them change."""
+        kept in ``audit_source_identities`` as this audit sees them change; read once, then the
+        same book for every caller (the start's checks and the audit's loop)."""
+        if self._identities is not None:
+            return self._identities
         query_id = self.query_id
 
         def read(con: duckdb.DuckDBPyConnection) -> list[tuple[Any, ...]]:
@@ -187,7 +191,7 @@ class AuditHistory:
             ).fetchall()
 
         rows = self._store.read(read, timeout=30)
-        return _HistoryIdentityBook(
+        self._identities = _HistoryIdentityBook(
             self._store,
             query_id,
             self.label,
@@ -196,6 +200,7 @@ class AuditHistory:
                 for index, name, identity, since, replaced in rows
             },
         )
+        return self._identities
 
     def stage(
         self, batch_id: int, attempt: str, rows: list[LateRow], *, timeout_seconds: float

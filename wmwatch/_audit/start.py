@@ -23,7 +23,7 @@ from wmwatch._audit.replay.engine import Replayer, ReplayInput
 from wmwatch._audit.replay.events import as_written
 from wmwatch._audit.replay.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.replay.predicates import JOIN
-from wmwatch._audit.replay.sources.base import ConnectFound, Found
+from wmwatch._audit.replay.sources.base import ConnectFound, Found, RemembersIdentities
 from wmwatch._audit.sinks import AuditHistory
 from wmwatch._checkpoint.fs import HadoopFileSystem, local_root
 from wmwatch._checkpoint.reader import CheckpointReader
@@ -283,6 +283,12 @@ def start_auditor(
     )
     # Spark Connect: each events DataFrame's source, read off the client's plan
     connect_sources: dict[int, ConnectFound] = {}
+    # the name as every other table keeps it (redacted, bounded): late_rows and Parquet too
+    name = clean_name(query_name)
+    label = query_label(name, query_id)
+    # what earlier audits saw of the sources' identities, handed to the sources before the
+    # checks below read a batch (a topic created again must not pass for the one it read)
+    audit_history: AuditHistory | None = None
 
     def resolved(seen: QueryPlan) -> Resolved:
         replay_plan = apply_overrides(
@@ -298,6 +304,11 @@ def start_auditor(
         inputs = _replay_inputs(
             spark, replay_plan, seen.text, seen.plan, frames, prepares, connect_sources
         )
+        if audit_history is not None:
+            book = audit_history.identity_book()
+            for item in inputs:
+                if isinstance(item.source, RemembersIdentities):
+                    item.source.remember_with(book)
         if check_inputs is not None:
             check_inputs(inputs, seen.checkpoint)
         covers = in_job and replay_plan.watermark_nodes <= 1
@@ -313,15 +324,14 @@ def start_auditor(
         # each events DataFrame's source, read off the client's plan now (its errors raise here)
         connect_sources.update((id(f), sources.connect_source_of(f)) for f in frames)
     seen = plan()
+    if store is not None:
+        audit_history = history(store, query_id, name, label, seen)
     now = resolved(seen) if seen is not None else None
 
     def resolve() -> Resolved | None:
         later = plan()
         return resolved(later) if later is not None else None
 
-    # the name as every other table keeps it (redacted, bounded): late_rows and Parquet too
-    name = clean_name(query_name)
-    label = query_label(name, query_id)
     replayer = Replayer(
         spark=spark,
         query_id=query_id,
@@ -355,7 +365,7 @@ def start_auditor(
         checkpoint=now.checkpoint if now is not None else None,
         sink=options.sink,
         replayer=replayer,
-        history=history(store, query_id, name, label, seen) if store is not None else None,
+        history=audit_history,
         poll_interval_seconds=options.poll_interval_seconds,
         progress_min_covers_inputs=now.progress_min_covers_inputs if now is not None else True,
         # a query that has not planned a batch yet is resolved by the audit's thread once it

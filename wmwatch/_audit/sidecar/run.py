@@ -244,7 +244,6 @@ def start_sidecar(
             # Spark reports the epoch as a watermarked query's watermark before its first
             has_watermark=seen is not None and "EventTimeWatermark" in seen.text,
         )
-        _record_query(store, query_id, name)
         return sidecar_history
 
     auditor = start_auditor(
@@ -262,4 +261,7 @@ def start_sidecar(
         check_plan=_check_source_count,
         check_inputs=check_inputs,
     )
+    if watch.store is not None:
+        # once the audit started: a sidecar refused at start leaves no row behind
+        _record_query(watch.store, query_id, auditor.query_name)
     return SidecarHandle(auditor)
