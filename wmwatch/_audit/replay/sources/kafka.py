@@ -15,6 +15,12 @@ from typing import Any
 
 from wmwatch._audit.identities import IdentityBook, MemoryIdentityBook
 from wmwatch._audit.replay.connect import relation_schema_json
+from wmwatch._audit.replay.sources._kafka_broker import (
+    TopicState,
+    broker_state,
+    check_identity,
+    records_gone,
+)
 from wmwatch._audit.replay.sources.base import (
     SOURCE_FILE_COL,
     SOURCE_POSITION_COL,
@@ -22,12 +28,6 @@ from wmwatch._audit.replay.sources.base import (
     Found,
     SourceKind,
     SourceOptions,
-)
-from wmwatch._audit.replay.sources.kafka_broker import (
-    TopicState,
-    broker_state,
-    check_identity,
-    records_gone,
 )
 from wmwatch._checkpoint.fs import CheckpointDamaged, CheckpointEntryGone
 from wmwatch._checkpoint.reader import (
