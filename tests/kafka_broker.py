@@ -13,14 +13,12 @@ import base64
 import contextlib
 import dataclasses
 import hashlib
-import json
 import os
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from tests.harness.net import free_port, listening
 
@@ -190,23 +188,3 @@ def kafka_broker(work: Path) -> Iterator[str]:
     """Format the storage, start a KRaft broker, yield its bootstrap address; stop it afterwards."""
     with running(format_broker(work)) as bootstrap:
         yield bootstrap
-
-
-def new_topic(bootstrap: str, partitions: int) -> str:
-    """A fresh topic (a unique name per test: the broker is shared by the run)."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    name = f"t_{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
-    return name
-
-
-def produce(bootstrap: str, topic: str, records: Iterable[tuple[int, dict[str, Any]]]) -> None:
-    """Write ``(partition, value)`` records in order, each value as JSON; wait for every ack."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "all"})
-    for partition, value in records:
-        producer.produce(topic, json.dumps(value).encode(), partition=partition)
-    assert producer.flush(30) == 0

@@ -26,8 +26,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 import wmwatch
-from tests import kafka_broker
 from tests import otelcol_server as otelcol
+from tests.harness.kafka import new_topic, produce
 from tests.harness.net import free_port
 from tests.harness.streams import epoch_seconds, write_events
 from wmwatch._metrics.otlp.names import BY_PROMETHEUS, METRICS, Mapped
@@ -276,8 +276,8 @@ def test_every_metric_arrives_with_the_values_metrics_serves(
 def test_kafka_partitions_arrive_with_messaging_attributes(
     spark: Any, kafka: str, stream_dir: Path, collector: otelcol.Collector
 ) -> None:
-    topic = kafka_broker.new_topic(kafka, 2)
-    kafka_broker.produce(kafka, topic, [(0, {"n": i}) for i in range(5)] + [(1, {"n": 9})] * 3)
+    topic = new_topic(kafka, 2)
+    produce(kafka, topic, [(0, {"n": i}) for i in range(5)] + [(1, {"n": 9})] * 3)
     service = f"kafka-{uuid.uuid4().hex[:8]}"
     watch = wmwatch.attach(
         spark,
