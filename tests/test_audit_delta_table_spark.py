@@ -15,6 +15,7 @@ import duckdb
 import pytest
 
 import wmwatch
+from tests.harness.audited import sidecar_status
 from tests.harness.checks import dropped_by_watermark, offsets_moved, py4j_calls
 from tests.harness.delta import append
 from tests.harness.streams import DELAY, stream_files
@@ -64,17 +65,9 @@ def test_sidecar_of_a_delta_table_replaced_at_its_path_counts_its_batches_lost(
 
     frame = events()
     db = tmp_path / "side.duckdb"
-    with wmwatch.attach(spark, db=str(db), metrics_port=None) as watch:
-        handle = watch.audit_checkpoint(
-            checkpoint,
-            frame,
-            frame.dropDuplicates(["user", "ts"]),
-            name="delta_replaced",
-            poll_interval_seconds=0.2,
-        )
-        assert handle.sync(180), handle.status()
-        status = handle.status()
-        handle.stop()
+    status = sidecar_status(
+        spark, db, checkpoint, frame, frame.dropDuplicates(["user", "ts"]), name="delta_replaced"
+    )
     reader = CheckpointReader(str(checkpoint))
     expected = {
         b

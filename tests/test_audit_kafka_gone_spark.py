@@ -22,6 +22,7 @@ import duckdb
 import pytest
 
 import wmwatch
+from tests.harness.audited import sidecar_status
 from tests.harness.checks import offsets_moved, per_batch_dropped
 from tests.harness.kafka import PARTITIONS, event_stream, kafka_stream, new_topic, parse, produce
 from tests.harness.streams import SCHEMA, epoch_seconds, ts
@@ -273,18 +274,8 @@ def test_sidecar_of_a_topic_deleted_and_created_again_counts_what_it_had_not_aud
 
     def sidecar() -> dict[str, Any]:
         frame = events()
-        with wmwatch.attach(spark, db=str(db), metrics_port=None) as watch:
-            handle = watch.audit_checkpoint(
-                checkpoint,
-                frame,
-                frame.dropDuplicates(["user", "ts"]),
-                name="kafka_side",
-                poll_interval_seconds=0.2,
-            )
-            assert handle.sync(180), handle.status()
-            status = handle.status()
-            handle.stop()
-        return status
+        query = frame.dropDuplicates(["user", "ts"])
+        return sidecar_status(spark, db, checkpoint, frame, query, name="kafka_side")
 
     produce(kafka, topic, records[:30])
     run_query()

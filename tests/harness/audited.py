@@ -185,3 +185,18 @@ def run_audited(
         **audit_options,
     )
     return {**result, "files": files}
+
+
+def sidecar_status(
+    spark: Any, db: Path, checkpoint: Path, events: Any, query: Any, *, name: str
+) -> dict[str, Any]:
+    """Audit a stopped query's checkpoint from this session into ``db`` until every committed
+    batch is handled, and give the audit's last status."""
+    with wmwatch.attach(spark, db=str(db), metrics_port=None) as watch:
+        handle = watch.audit_checkpoint(
+            checkpoint, events, query, name=name, poll_interval_seconds=0.2
+        )
+        assert handle.sync(180), handle.status()
+        status = handle.status()
+        handle.stop()
+    return status
