@@ -22,7 +22,7 @@ from wmwatch._audit.jumps.watch import JumpWatch
 from wmwatch._audit.pacing import YIELD_FACTOR, IdleWait, SlotGate
 from wmwatch._audit.replay.engine import Replayer, ReplayInput
 from wmwatch._audit.replay.predicates import OperatorSpec, batch_may_have_late_rows
-from wmwatch._audit.replay.sources.base import RemembersIdentities, UnreplayableSource
+from wmwatch._audit.replay.sources.base import UnreplayableSource, remember_identities
 from wmwatch._audit.retention import Retention, log_lost
 from wmwatch._audit.sinks import AuditHistory, BatchLateRows, InputCount, LateRow
 from wmwatch._audit.status import AuditCounters, audit_status
@@ -329,9 +329,7 @@ class Auditor:
     def _hand_identities(self) -> None:
         """Give the sources that check an identity the checkpoint does not record what the
         audit (and earlier audits of the query) saw of it."""
-        for item in self.replayer.inputs:
-            if isinstance(item.source, RemembersIdentities):
-                item.source.remember_with(self._identities)
+        remember_identities((i.source for i in self.replayer.inputs), self._identities)
 
     def _audit_pending(self) -> bool:
         """Audit committed batches in order; True when every one of them is done."""

@@ -23,7 +23,7 @@ from wmwatch._audit.replay.engine import Replayer, ReplayInput
 from wmwatch._audit.replay.events import as_written
 from wmwatch._audit.replay.plan import ReplayPlan, apply_overrides, parse_plan
 from wmwatch._audit.replay.predicates import JOIN
-from wmwatch._audit.replay.sources.base import ConnectFound, Found, RemembersIdentities
+from wmwatch._audit.replay.sources.base import ConnectFound, Found, remember_identities
 from wmwatch._audit.sinks import AuditHistory
 from wmwatch._checkpoint.fs import HadoopFileSystem, local_root
 from wmwatch._checkpoint.reader import CheckpointReader
@@ -305,10 +305,7 @@ def start_auditor(
             spark, replay_plan, seen.text, seen.plan, frames, prepares, connect_sources
         )
         if audit_history is not None:
-            book = audit_history.identity_book()
-            for item in inputs:
-                if isinstance(item.source, RemembersIdentities):
-                    item.source.remember_with(book)
+            remember_identities((i.source for i in inputs), audit_history.identity_book())
         if check_inputs is not None:
             check_inputs(inputs, seen.checkpoint)
         covers = in_job and replay_plan.watermark_nodes <= 1

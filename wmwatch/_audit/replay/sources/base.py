@@ -112,6 +112,13 @@ class RemembersIdentities(Protocol):
     def remember_with(self, book: IdentityBook) -> None: ...
 
 
+def remember_identities(batch_sources: Iterable[object], book: IdentityBook) -> None:
+    """Hand ``book`` to each of ``batch_sources`` that checks an identity with it."""
+    for source in batch_sources:
+        if isinstance(source, RemembersIdentities):
+            source.remember_with(book)
+
+
 @dataclass(frozen=True, slots=True)
 class Found:
     """The source an events DataFrame reads, as the audit will read it again: the positions
