@@ -8,7 +8,9 @@
 ``docs`` builds the documentation site (``mkdocs.yml``) with ``--strict``, into a temporary
 folder, so a warning, a broken link or a missing anchor fails.
 
-``.ci/run`` runs ``nox -s docs``, then both test environments (``nox -s main delta``);
+``.ci/run`` runs ``nox -s docs``, then ``nox -s main`` (with ``nox -s delta-env`` setting up
+the Delta environment beside it) and ``nox -s delta``; both test sessions spread their tests
+over two processes (pytest-xdist, see ``Env.workers``);
 ``nox -s delta`` alone sets up ``.venv-delta`` and runs the Delta tests (the jars come from
 ``.ci/fetch_jars.sh``); ``nox -s delta-env`` only sets it up (``benchmarks/bench_delta.py``
 runs itself there). The sessions manage their own virtualenvs (``venv_backend="none"``)
@@ -36,10 +38,17 @@ class Env:
     pyspark: str | None  # None: the dev extra's pin
     extra: tuple[str, ...]
     pytest_args: tuple[str, ...]
+    # test processes (pytest-xdist; a module whose tests share a module-scoped fixture goes to
+    # one process whole, tests/conftest.py): the Spark tests spend much of their time waiting on
+    # triggers, JVMs and servers, so two processes on two cores finish well before one does
+    workers: int = 0
+    # the workers share one Kafka broker and one Spark Connect server, started by the run's
+    # controller (tests/conftest.py): for an environment whose tests use them
+    shared_servers: bool = False
 
 
 MATRIX = {
-    "main": Env(".venv", None, (), ("-m", "not delta")),
+    "main": Env(".venv", None, (), ("-m", "not delta"), workers=2, shared_servers=True),
     # the contributor's loop: every test that starts no JVM and no server (not run by CI alone:
     # main runs these too)
     "quick": Env(
@@ -56,11 +65,13 @@ MATRIX = {
             "tests/test_audit_delta_spark.py",
             "tests/test_audit_delta_restart_spark.py",
             "tests/test_audit_delta_table_spark.py",
+            "tests/test_benchmarks_tiny.py::test_benchmark_runs_tiny[bench_delta]",
             # smoke: the audit, the watch and the checkpoint reader under the older pyspark
             "tests/test_audit_spark.py::test_tumbling_window_conservation[bulk]",
             "tests/test_watch_spark.py",
             "tests/test_checkpoint.py",
         ),
+        workers=2,
     ),
 }
 
@@ -108,13 +119,18 @@ def _prepare(session: nox.Session, env: Env) -> Path:
 def _run(session: nox.Session, name: str) -> None:
     env = MATRIX[name]
     bin_dir = _prepare(session, env)
+    spread = ("-n", str(env.workers), "--dist", "loadgroup") if env.workers else ()
     session.run(
         str(bin_dir / "pytest"),
         "--durations=15",  # the slowest tests, in every log, to keep CI's time in view
+        *spread,
         *env.pytest_args,
         *session.posargs,
         external=True,
-        env={"SPARK_LOCAL_IP": "127.0.0.1"},
+        env={
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "WMWATCH_TEST_SHARED_SERVERS": "1" if env.shared_servers else "0",
+        },
     )
 
 

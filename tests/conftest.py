@@ -59,15 +59,77 @@ def jar_set(name: str) -> list[str]:
     return jars
 
 
+# ``WMWATCH_TEST_SHARED_SERVERS=1`` (noxfile.py sets it) on a run spread over processes
+# (``pytest -n 2``): the run's controller starts the one Kafka broker and the one Spark Connect
+# server before its workers start and hands both to them through the variables above, so the
+# workers share one server of each kind; both are stopped, by pid, when the run ends.
+SHARED_SERVERS_VARIABLE = "WMWATCH_TEST_SHARED_SERVERS"
+_shared_servers = contextlib.ExitStack()
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get(SHARED_SERVERS_VARIABLE) != "1" or not _is_xdist_controller(config):
+        return
+    import tempfile
+
+    from tests.connect_server import connect_server
+    from tests.kafka_broker import kafka_broker
+
+    work = Path(
+        _shared_servers.enter_context(
+            tempfile.TemporaryDirectory(prefix="wmwatch-test-servers-", ignore_cleanup_errors=True)
+        )
+    )
+    try:
+        if KAFKA_VARIABLE not in os.environ:
+            connector_jars()  # the connector's jars, or the error that says to fetch them
+            os.environ[KAFKA_VARIABLE] = _shared_servers.enter_context(kafka_broker(work / "kafka"))
+        if CONNECT_URL_VARIABLE not in os.environ and _java_available():
+            os.environ[CONNECT_URL_VARIABLE] = _shared_servers.enter_context(
+                connect_server(work / "connect")
+            )
+    except BaseException:
+        _shared_servers.close()
+        raise
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _shared_servers.close()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups set here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A classic run leaves out the tests only a Spark Connect session can run (deselected, not
-    skipped: ``tests/test_connect_suite.py`` runs them on its server)."""
-    if CONNECT:
-        return
-    kept = [item for item in items if item.get_closest_marker("connect") is None]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
-        items[:] = kept
+    skipped: ``tests/test_connect_suite.py`` runs them on its server).
+
+    A run spread over processes with ``--dist loadgroup`` (noxfile.py) hands out tests one by
+    one, except a module's tests that share a module- or class-scoped fixture (a cluster, a
+    Collector, a stopped query's checkpoint): those go to one process together, so that fixture
+    starts once."""
+    if not CONNECT:
+        kept = [item for item in items if item.get_closest_marker("connect") is None]
+        if len(kept) != len(items):
+            config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+            items[:] = kept
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        for item in items:
+            if _shares_a_wider_fixture(item):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def _shares_a_wider_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        definition.scope in ("module", "class", "package")
+        for definitions in info.name2fixturedefs.values()
+        for definition in definitions
+    )
 
 
 @pytest.fixture(scope="session")
@@ -159,8 +221,12 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The run's one Spark Connect server process, started the first time a test needs it;
-    yields its ``sc://`` URL."""
+    """The run's one Spark Connect server process, started the first time a test needs it (or
+    the one the run's controller started for its workers); yields its ``sc://`` URL."""
+    given = os.environ.get(CONNECT_URL_VARIABLE)
+    if given:
+        yield given
+        return
     if not _java_available():
         pytest.fail("Java 17 is required for the Spark tests: install openjdk-17-jre-headless")
     from tests.connect_server import connect_server

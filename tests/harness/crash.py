@@ -15,12 +15,14 @@ driver recorded (:func:`recorded_progress`, :func:`wait_for_progress`,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -127,30 +129,67 @@ def stop_all(spark: Any, watch: Any, running: Sequence[tuple[Any, Any | None]]) 
 
 
 def start_driver(module: str, *args: str) -> subprocess.Popen[str]:
-    """``python -m module args`` from the repository root, its stdout piped (its lines)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    """``python -m module args`` from the repository root, its stdout piped (its lines); its
+    stderr kept in a file beside the driver's folder (its first argument), so that a driver
+    that ends early says why."""
+    folder = Path(args[0]) if args and Path(args[0]).is_dir() else None
+    stderr: Any = subprocess.DEVNULL
+    if folder is not None:
+        stderr = tempfile.NamedTemporaryFile(  # noqa: SIM115 - the process writes it; closed below
+            "w", dir=folder, prefix=f"{module.rsplit('.', 1)[-1]}-", suffix=".stderr", delete=False
+        )
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    finally:
+        if folder is not None:
+            stderr.close()  # the child has its own copy
+    if folder is not None:
+        _STDERR_FILES[proc.pid] = Path(stderr.name)
+    return proc
 
 
-def status_lines(proc: subprocess.Popen[str]) -> queue.Queue[dict[str, Any] | None]:
+# each driver's stderr file, by its pid
+_STDERR_FILES: dict[int, Path] = {}
+
+
+class StatusLines(queue.Queue[dict[str, Any] | None]):
+    """A driver's JSON lines as they come; None once its output ends, and ``why`` then says
+    how the process ended (its exit status and the end of its stderr)."""
+
+    why = "the driver's output ended"
+
+
+def status_lines(proc: subprocess.Popen[str]) -> StatusLines:
     """A process's JSON lines as they come; None once its output ends."""
-    lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    lines = StatusLines()
 
     def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("{"):
                 lines.put(json.loads(line))
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+        lines.why = f"exit status {proc.returncode}{_stderr_tail(proc)}"
         lines.put(None)
 
     threading.Thread(target=pump, daemon=True).start()
     return lines
+
+
+def _stderr_tail(proc: subprocess.Popen[str]) -> str:
+    path = _STDERR_FILES.get(proc.pid)
+    if path is None or not path.is_file():
+        return ""
+    tail = [line for line in path.read_text(errors="replace").splitlines() if line.strip()][-8:]
+    return "; its stderr ends:\n" + "\n".join(tail)
 
 
 def wait_for_status(
@@ -161,7 +200,8 @@ def wait_for_status(
     """The first line that satisfies ``wanted`` (the timeout only guards against a hang)."""
     while True:
         status = lines.get(timeout=timeout)
-        assert status is not None, "the process ended before reporting the wanted status"
+        why = getattr(lines, "why", "")
+        assert status is not None, f"the process ended before reporting the wanted status: {why}"
         if wanted(status):
             return status
 
