@@ -163,8 +163,14 @@ class FakeJvmEvent:
 @pytest.fixture(scope="module")
 def fuzz_watch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[wmwatch.Watch]:
     db = tmp_path_factory.mktemp("fuzz") / "fuzz.duckdb"
+    # retention off: the documents are dated T0 (months back), and a module that outlasts the
+    # writer's retention interval (600 s; the fuzz does under load) would see them purged
     watch = wmwatch.attach(
-        NoQueriesSession(), db=str(db), metrics_port=free_port(), listener="stock"
+        NoQueriesSession(),
+        db=str(db),
+        metrics_port=free_port(),
+        listener="stock",
+        retention_days=None,
     )
     try:
         yield watch
@@ -265,7 +271,7 @@ def test_after_the_fuzz_the_history_holds_only_sane_rows(fuzz_watch: wmwatch.Wat
             "SELECT batch_id FROM batches WHERE query_id = 'fz-final' ORDER BY 1"
         ).fetchall()
     )
-    assert rows == [(0,), (1,), (2,)]
+    assert rows == [(0,), (1,), (2,)], (watch.store.health, watch.health.copy().errors)
     total = watch.store.read(
         lambda con: con.execute(
             "SELECT count(*), count(*) FILTER (WHERE batch_id < 0) FROM batches"

@@ -96,6 +96,15 @@ class EventQueue:
     def size(self) -> int:
         return self._queue.qsize()
 
+    def task_done(self) -> None:
+        """The event last taken with :meth:`get` is handled."""
+        self._queue.task_done()
+
+    def unfinished(self) -> int:
+        """Events queued or taken and not yet handled."""
+        with self._queue.mutex:
+            return self._queue.unfinished_tasks
+
 
 class Py4jListener:
     """The py4j proxy Spark calls for each event (classic PySpark)."""

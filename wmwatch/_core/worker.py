@@ -54,7 +54,6 @@ class Worker:
         self._plugins = plugins
         self._stop = threading.Event()
         self._idle = threading.Condition()
-        self._in_flight = 0
         self._bus_drop_log_after = 0.0
         self._thread = threading.Thread(target=self._run, name="wmwatch-worker", daemon=True)
 
@@ -70,7 +69,9 @@ class Worker:
         """Wait until every event queued so far is handled; True if it was within ``timeout``."""
         deadline = time.monotonic() + timeout
         with self._idle:
-            while self._events.size() or self._in_flight:
+            # taken but not yet handled counts too (a size and an in-flight count read apart
+            # would miss an event between the queue's get and the count)
+            while self._events.unfinished():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._thread.is_alive():
                     return False
@@ -130,8 +131,6 @@ class Worker:
                 if self._stop.is_set():
                     return
                 continue
-            with self._idle:
-                self._in_flight += 1
             started = time.perf_counter()
             try:
                 self._handle(event)
@@ -144,8 +143,8 @@ class Worker:
                 log.exception("wmwatch: failed to handle a %s event", event.kind)
             finally:
                 self._health.observe_handling(time.perf_counter() - started)
+                self._events.task_done()
                 with self._idle:
-                    self._in_flight -= 1
                     self._idle.notify_all()
 
     def _handle(self, event: RawEvent) -> None:
