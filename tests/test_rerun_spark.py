@@ -393,3 +393,18 @@ def test_attach_records_the_batches_spark_still_holds_once_and_in_order(
     (summary,) = json.loads(result.stdout)["queries"]
     assert summary["batches"] == len(progress)
     assert summary["input_rows"] == sum(p["numInputRows"] for p in progress)
+
+
+def test_an_event_taken_and_not_yet_handled_is_still_unfinished() -> None:
+    """What ``Watch.flush`` waits on: an event off the queue counts until it is handled."""
+    from wmwatch._core.health import Health
+    from wmwatch._core.listener import EventQueue
+
+    events = EventQueue(10, Health())
+    assert events.offer("progress", "batch 1")
+    assert events.unfinished() == 1
+    taken = events.get(timeout=0.01)
+    assert taken is not None and taken.payload == "batch 1"
+    assert events.size() == 0 and events.unfinished() == 1  # off the queue, not handled yet
+    events.task_done()
+    assert events.unfinished() == 0
