@@ -119,7 +119,12 @@ def _prepare(session: nox.Session, env: Env) -> Path:
 def _run(session: nox.Session, name: str) -> None:
     env = MATRIX[name]
     bin_dir = _prepare(session, env)
-    spread = ("-n", str(env.workers), "--dist", "loadgroup") if env.workers else ()
+    # the longest tests first, in the order tests/conftest.py sorts them (not xdist's own)
+    spread = (
+        ("-n", str(env.workers), "--dist", "loadgroup", "--no-loadscope-reorder")
+        if env.workers
+        else ()
+    )
     session.run(
         str(bin_dir / "pytest"),
         "--durations=15",  # the slowest tests, in every log, to keep CI's time in view

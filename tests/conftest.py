@@ -7,7 +7,7 @@ import importlib.metadata
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +119,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if _shares_a_wider_fixture(item):
                 item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        # The longest first (the noxfile turns xdist's own reordering off): a long test handed
+        # out last keeps one process busy while the other has finished.
+        items.sort(key=_expected_minutes(items), reverse=True)
+
+
+def _expected_minutes(items: list[pytest.Item]) -> Callable[[pytest.Item], float]:
+    """What a test is expected to take, from its ``slow`` mark (``minutes=``, 1 if not given;
+    0 without the mark); a group's tests all take their group's total, so they stay together
+    and in their order."""
+
+    def own(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("slow")
+        return 0.0 if mark is None else float(mark.kwargs.get("minutes", 1.0))
+
+    def group(item: pytest.Item) -> str | None:
+        mark = item.get_closest_marker("xdist_group")
+        return str(mark.args[0]) if mark is not None and mark.args else None
+
+    totals: dict[str, float] = {}
+    for item in items:
+        name = group(item)
+        if name is not None:
+            totals[name] = totals.get(name, 0.0) + own(item)
+
+    def minutes(item: pytest.Item) -> float:
+        name = group(item)
+        return totals[name] if name is not None else own(item)
+
+    return minutes
 
 
 def _shares_a_wider_fixture(item: pytest.Item) -> bool:

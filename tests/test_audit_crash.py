@@ -71,6 +71,7 @@ def _kill_after_commit(
         ensure_stopped(first)
 
 
+@pytest.mark.slow(minutes=2.2)
 def test_sigkill_mid_stream_then_restart_balances(spark: Any, stream_dir: Path) -> None:
     files = stream_files()
     for f in files[:3]:
@@ -112,6 +113,7 @@ def test_sigkill_mid_stream_then_restart_balances(spark: Any, stream_dir: Path) 
     assert_windows_balance(expected, output, late, last_offsets.watermark_ms)
 
 
+@pytest.mark.slow(minutes=2.2)
 def test_sigkill_mid_join_then_restart_balances(spark: Any, stream_dir: Path) -> None:
     """The same for a stream-stream join: per side, every late row once, and every batch whose
     progress reached the history (a batch the kill interrupted before its progress was posted
@@ -149,6 +151,7 @@ def test_sigkill_mid_join_then_restart_balances(spark: Any, stream_dir: Path) ->
     assert not {r["lid"] for r in output} & set(ids)
 
 
+@pytest.mark.slow(minutes=3.5)
 def test_sigkill_mid_stream_then_restart_balances_every_kind(spark: Any, stream_dir: Path) -> None:
     """Six audited queries in one driver (a session window, an aggregation keyed by the event
     time, applyInPandasWithState with an event-time timeout, transformWithStateInPandas in

@@ -57,6 +57,7 @@ def _wait_for_progress_reaching(folder: Path, topic: str, ends: dict[str, int], 
 
 
 @pytest.mark.parametrize("shape", ["dedupe", "window"])
+@pytest.mark.slow(minutes=2.5)
 def test_kafka_sigkill_mid_stream_then_restart_each_late_row_once(
     spark: Any, kafka: str, tmp_path: Path, shape: str
 ) -> None:

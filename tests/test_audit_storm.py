@@ -45,10 +45,12 @@ def run_storm(tmp_path: Path, rows: int, *extra: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow(minutes=5)
 def test_two_million_late_rows_in_one_batch(tmp_path: Path) -> None:
     check_storm(run_storm(tmp_path, ROWS), tmp_path, ROWS)
 
 
+@pytest.mark.slow(minutes=2.5)
 def test_late_row_storm_on_spark_connect(tmp_path: Path, connect_url: str) -> None:
     """The same on a Spark Connect server (the run's one): the rows come to the client chunk by
     chunk."""

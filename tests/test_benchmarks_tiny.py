@@ -25,8 +25,19 @@ BENCHMARKS = sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py"))
 TIMEOUT_SECONDS = 900
 
 
+# what the longest take in a two-process run, for the order tests/conftest.py hands them out in
+_MINUTES = {
+    "bench_audit.py": 4.0,
+    "bench_core.py": 2.5,
+    "bench_kafka.py": 1.5,
+    "bench_delta.py": 2.0,
+}
+
+
 def _param(name: str) -> object:
-    marks = [pytest.mark.delta] if name == "bench_delta.py" else []
+    marks = [pytest.mark.slow(minutes=_MINUTES.get(name, 1.0))]
+    if name == "bench_delta.py":
+        marks.append(pytest.mark.delta)
     return pytest.param(name, marks=marks, id=name.removesuffix(".py"))
 
 

@@ -79,6 +79,7 @@ def by_batch(db: Path, sql: str) -> dict[Any, tuple[Any, ...]]:
     return {row[0]: row[1:] for row in table(db, sql)}
 
 
+@pytest.mark.slow(minutes=1.5)
 def test_history_from_checkpoint_agrees_with_the_listener(spark: Any, stream_dir: Path) -> None:
     listener_db = stream_dir / "listener.duckdb"
     checkpoint_db = stream_dir / "checkpoint.duckdb"
@@ -191,6 +192,7 @@ def test_history_from_checkpoint_agrees_with_the_listener(spark: Any, stream_dir
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
+@pytest.mark.slow(minutes=1.5)
 def test_join_and_dedupe_state_on_rocksdb_with_state_format_2(spark: Any, stream_dir: Path) -> None:
     """The production settings: RocksDB, state checkpoint format 2 (per-batch state ids in the
     commit log), a stream-stream join (four stores, counted as both sides' rows) under a

@@ -136,7 +136,7 @@ def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.spark
-@pytest.mark.slow
+@pytest.mark.slow(minutes=2)
 def test_everything_works_when_executors_are_not_the_driver(cluster: str, tmp_path: Path) -> None:
     run = _run(
         [sys.executable, str(ROOT / "tests" / "scripts" / "cluster_run.py"), cluster,
@@ -181,7 +181,7 @@ def test_everything_works_when_executors_are_not_the_driver(cluster: str, tmp_pa
 
 
 @pytest.mark.spark
-@pytest.mark.slow
+@pytest.mark.slow(minutes=1.5)
 def test_demo_runs_on_the_cluster_with_the_audit_balanced(cluster: str, tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     run = _run(

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import CONNECT_URL_VARIABLE, KAFKA_VARIABLE
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow(minutes=10)]
 
 ROOT = Path(__file__).parents[1]
 CONNECT_TESTS = (

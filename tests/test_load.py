@@ -59,7 +59,7 @@ def _db_rows(db: Path, sql: str, params: list[Any] | None = None) -> list[tuple[
 
 
 @pytest.mark.spark
-@pytest.mark.slow
+@pytest.mark.slow(minutes=3.5)
 def test_twenty_concurrent_queries_with_idle_and_terminations(spark: Any, tmp_path: Path) -> None:
     """20 queries in one session: bounded queue, flat memory, every batch once, fresh metrics."""
     from pyspark.sql import functions as F

@@ -153,7 +153,7 @@ def _streams_started(spark: Any) -> tuple[list[str], Any]:
     return started, listener
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=4)
 def test_sidecar_of_a_stopped_query_finds_what_the_in_job_audit_found(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -259,7 +259,7 @@ def test_sidecar_of_a_stopped_query_finds_what_the_in_job_audit_found(
     assert "none in this period" not in page.read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=3.5)
 def test_sidecar_keeps_up_with_a_running_query_through_sigkills(spark: Any, tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     files = many_files(24)
@@ -536,7 +536,7 @@ def test_what_spark_dropped_from_an_unreadable_source_is_unknown_never_zero(
 
 
 @pytest.mark.kafka
-@pytest.mark.slow
+@pytest.mark.slow(minutes=3)
 def test_sidecar_of_a_kafka_query_finds_what_spark_dropped(
     spark: Any, kafka: str, tmp_path: Path
 ) -> None:
