@@ -38,9 +38,8 @@ class Env:
     pyspark: str | None  # None: the dev extra's pin
     extra: tuple[str, ...]
     pytest_args: tuple[str, ...]
-    # test processes (pytest-xdist; a module whose tests share a module-scoped fixture goes to
-    # one process whole, tests/conftest.py): the Spark tests spend much of their time waiting on
-    # triggers, JVMs and servers, so two processes on two cores finish well before one does
+    # test processes (pytest-xdist, tests handed out one by one, the longest first:
+    # tests/conftest.py): one process uses the other's waits on triggers, JVMs and servers
     workers: int = 0
     # the workers share one Kafka broker and one Spark Connect server, started by the run's
     # controller (tests/conftest.py): for an environment whose tests use them

@@ -7,7 +7,7 @@ import importlib.metadata
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,64 +101,38 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _shared_servers.close()
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups set here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A classic run leaves out the tests only a Spark Connect session can run (deselected, not
     skipped: ``tests/test_connect_suite.py`` runs them on its server).
 
-    A run spread over processes with ``--dist loadgroup`` (noxfile.py) hands out tests one by
-    one, except a module's tests that share a module- or class-scoped fixture (a cluster, a
-    Collector, a stopped query's checkpoint): those go to one process together, so that fixture
-    starts once."""
+    A run spread over processes (``--dist loadgroup --no-loadscope-reorder``, noxfile.py) hands
+    tests out one by one in this order: the longest first, so that the two processes end
+    together (a long test handed out last keeps one process busy after the other finished).
+    Tests go out one by one, so a module-scoped fixture starts once in each process that runs
+    one of its tests (pytest-xdist's ``xdist_group`` would keep a module together, but under
+    pytest 9 it does not take effect: xdist 3.8 renames a test through an attribute pytest no
+    longer reads)."""
     if not CONNECT:
         kept = [item for item in items if item.get_closest_marker("connect") is None]
         if len(kept) != len(items):
             config.hook.pytest_deselected(items=[i for i in items if i not in kept])
             items[:] = kept
-    if getattr(config.option, "dist", "no") == "loadgroup":
-        for item in items:
-            if _shares_a_wider_fixture(item):
-                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-        # The longest first (the noxfile turns xdist's own reordering off): a long test handed
-        # out last keeps one process busy while the other has finished.
-        items.sort(key=_expected_minutes(items), reverse=True)
+    if _spread(config):
+        items.sort(key=_expected_minutes, reverse=True)  # stable: the rest keep their order
 
 
-def _expected_minutes(items: list[pytest.Item]) -> Callable[[pytest.Item], float]:
-    """What a test is expected to take, from its ``slow`` mark (``minutes=``, 1 if not given;
-    0 without the mark); a group's tests all take their group's total, so they stay together
-    and in their order."""
-
-    def own(item: pytest.Item) -> float:
-        mark = item.get_closest_marker("slow")
-        return 0.0 if mark is None else float(mark.kwargs.get("minutes", 1.0))
-
-    def group(item: pytest.Item) -> str | None:
-        mark = item.get_closest_marker("xdist_group")
-        return str(mark.args[0]) if mark is not None and mark.args else None
-
-    totals: dict[str, float] = {}
-    for item in items:
-        name = group(item)
-        if name is not None:
-            totals[name] = totals.get(name, 0.0) + own(item)
-
-    def minutes(item: pytest.Item) -> float:
-        name = group(item)
-        return totals[name] if name is not None else own(item)
-
-    return minutes
-
-
-def _shares_a_wider_fixture(item: pytest.Item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    return any(
-        definition.scope in ("module", "class", "package")
-        for definitions in info.name2fixturedefs.values()
-        for definition in definitions
+def _spread(config: pytest.Config) -> bool:
+    # xdist's workers, where collection happens, see ``dist`` as "no" and ``loadgroup`` set
+    return bool(getattr(config.option, "loadgroup", False)) or (
+        getattr(config.option, "dist", "no") == "loadgroup"
     )
+
+
+def _expected_minutes(item: pytest.Item) -> float:
+    """What a test takes in a two-process run, from its ``slow`` mark (``minutes=``, 1 if not
+    given); 0 without the mark."""
+    mark = item.get_closest_marker("slow")
+    return 0.0 if mark is None else float(mark.kwargs.get("minutes", 1.0))
 
 
 @pytest.fixture(scope="session")
