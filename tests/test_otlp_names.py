@@ -214,3 +214,24 @@ def test_a_watch_without_otlp_imports_nothing_of_opentelemetry() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_the_resource_names_the_application_not_a_later_builder_call() -> None:
+    """A ``builder.appName(...)`` in the same driver (the sidecar CLI run in-process does one)
+    changes the session's ``spark.app.name`` conf, never the application's own name."""
+    from types import SimpleNamespace
+
+    from wmwatch._metrics.otlp.exporter import spark_resource
+
+    conf = {"spark.app.id": "local-1", "spark.app.name": "wmwatch-sidecar"}
+    classic = SimpleNamespace(
+        conf=SimpleNamespace(get=lambda key, default=None: conf.get(key, default)),
+        sparkContext=SimpleNamespace(applicationId="local-1", appName="orders-job"),
+    )
+    resource = spark_resource(classic, None, None)
+    assert resource["spark.app.name"] == "orders-job"
+    assert resource["service.name"] == "orders-job"
+
+    # Spark Connect: no SparkContext, so the session's conf is what there is
+    connect = SimpleNamespace(conf=classic.conf)
+    assert spark_resource(connect, None, None)["spark.app.name"] == "wmwatch-sidecar"

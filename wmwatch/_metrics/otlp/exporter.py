@@ -200,12 +200,19 @@ def otlp_settings(
 def spark_resource(
     spark: Any, service_name: str | None, extra: Mapping[str, str] | None
 ) -> dict[str, str]:
-    """The resource attributes: the caller's, then ``spark.app.id`` and ``spark.app.name`` as
-    the session reports them, and ``service.name`` (the option, else the application's name)."""
+    """The resource attributes: the caller's, then ``spark.app.id`` and ``spark.app.name`` of
+    the application (classic: its SparkContext's, which a later ``builder.appName(...)`` in the
+    same driver does not change; Spark Connect: the session's), and ``service.name`` (the
+    option, else the application's name)."""
     resource = {str(k): str(v) for k, v in (extra or {}).items()}
+    try:
+        context = spark.sparkContext
+        application = {"spark.app.id": context.applicationId, "spark.app.name": context.appName}
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext: the session's conf
+        application = {}
     for key in ("spark.app.id", "spark.app.name"):
         try:
-            value = spark.conf.get(key, None)
+            value = application.get(key) or spark.conf.get(key, None)
         except Exception:  # noqa: BLE001 - a resource attribute less, never a failed attach
             value = None
         if value:
