@@ -122,10 +122,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _spread(config: pytest.Config) -> bool:
-    # xdist's workers, where collection happens, see ``dist`` as "no" and ``loadgroup`` set
-    return bool(getattr(config.option, "loadgroup", False)) or (
-        getattr(config.option, "dist", "no") == "loadgroup"
-    )
+    # collection happens in xdist's workers only, which see ``dist`` as "no" and ``loadgroup`` set
+    return bool(getattr(config.option, "loadgroup", False))
 
 
 def _expected_minutes(item: pytest.Item) -> float:

@@ -225,6 +225,7 @@ def test_the_resource_names_the_application_not_a_later_builder_call() -> None:
 
     conf = {"spark.app.id": "local-1", "spark.app.name": "wmwatch-sidecar"}
     classic = SimpleNamespace(
+        _jsparkSession=object(),  # what makes a session classic (py4j)
         conf=SimpleNamespace(get=lambda key, default=None: conf.get(key, default)),
         sparkContext=SimpleNamespace(applicationId="local-1", appName="orders-job"),
     )

@@ -33,6 +33,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.core import Metric as Family
 
+from wmwatch._core.listener import is_classic
 from wmwatch._core.plugins import WatchPlugin
 from wmwatch._errors import ConfigError
 from wmwatch._metrics.otlp.convert import to_metrics_data
@@ -205,11 +206,13 @@ def spark_resource(
     same driver does not change; Spark Connect: the session's), and ``service.name`` (the
     option, else the application's name)."""
     resource = {str(k): str(v) for k, v in (extra or {}).items()}
-    try:
-        context = spark.sparkContext
-        application = {"spark.app.id": context.applicationId, "spark.app.name": context.appName}
-    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext: the session's conf
-        application = {}
+    application: dict[str, str] = {}
+    if is_classic(spark):
+        try:
+            context = spark.sparkContext
+            application = {"spark.app.id": context.applicationId, "spark.app.name": context.appName}
+        except Exception:  # noqa: BLE001 - a stopped context: the session's conf, as on Connect
+            application = {}
     for key in ("spark.app.id", "spark.app.name"):
         try:
             value = application.get(key) or spark.conf.get(key, None)
