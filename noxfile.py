@@ -124,6 +124,11 @@ def _run(session: nox.Session, name: str) -> None:
         if env.workers
         else ()
     )
+    # Spark's classes archived once per pyspark and Java, so each JVM of the run starts in a
+    # fraction of the time (tests/jvm_archive.py); without it the tests run all the same
+    session.run(
+        str(bin_dir / "python"), "-m", "tests.jvm_archive", external=True, success_codes=[0, 1]
+    )
     session.run(
         str(bin_dir / "pytest"),
         "--durations=15",  # the slowest tests, in every log, to keep CI's time in view

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from tests import jvm_archive
 from tests.kafka_broker import JarsMissing, connector_jars
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -26,6 +27,9 @@ if os.environ.get("CI"):
 # Python workers run the interpreter of the tests, so functions they unpickle (state functions,
 # data sources) find the same packages
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# every Spark JVM of the run (this process's, the drivers it starts, the Connect server) starts
+# from the class-data archive noxfile.py builds, with the client compiler only: tests/jvm_archive.py
+jvm_archive.apply(os.environ)
 
 
 def _java_available() -> bool:
@@ -173,6 +177,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
             # Delta rebuilds a snapshot in 50 tasks by default: far too many for 2 cores
             .config("spark.databricks.delta.snapshotPartitions", "2")
         )
+    for key, value in jvm_archive.long_lived_conf().items():
+        builder = builder.config(key, value)
     session = (
         builder.master("local[2]")
         .appName("wmwatch-tests")

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests import jvm_archive
 from tests.harness.net import free_port, listening
 
 START_TIMEOUT_SECONDS = 120.0
@@ -67,7 +68,11 @@ def connect_server(work: Path, *, master: str = "local[2]") -> Iterator[str]:
     }
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     args = ["bash", f"{home}/sbin/start-connect-server.sh", "--master", master]
-    conf = {**SERVER_CONF, "spark.connect.grpc.binding.port": str(port)}
+    conf = {
+        **SERVER_CONF,
+        **jvm_archive.long_lived_conf(),
+        "spark.connect.grpc.binding.port": str(port),
+    }
     jars = _kafka_connector_jars()
     if jars:
         conf["spark.jars"] = ",".join(jars)

@@ -280,7 +280,8 @@ def _attributes(items: list[dict[str, Any]] | None) -> dict[str, Any]:
 def _lines(path: Path) -> Iterator[dict[str, Any]]:
     if not path.exists():
         return
-    for line in path.read_text().splitlines():
+    # the last piece is what the Collector is still writing (or "" after a complete line)
+    for line in path.read_text().split("\n")[:-1]:
         if line.strip():
             yield json.loads(line)
 

@@ -85,6 +85,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "SPARK_LOCAL_DIRS": str(tmp_path / "local"),
         "SPARK_WORKER_DIR": str(tmp_path / "work"),
         "PYSPARK_PYTHON": sys.executable,
+        # the master and the worker start like the run's other Spark JVMs (tests/jvm_archive.py)
+        "SPARK_DAEMON_JAVA_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", ""),
     }
     port, ui, worker_ui = free_port(), free_port(), free_port()
     klass = "org.apache.spark.deploy"
