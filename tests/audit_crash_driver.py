@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 from tests.harness.crash import FAIR, driver_session, serve
@@ -120,6 +121,8 @@ def main(folder: str, mode: str, shape: str = "window") -> int:
             .start()
         )
         running.append((query, watch.audit(query, events, poll_interval_seconds=0.2)))
+        if len(queries) > 1:
+            _first_batch_done(query)
 
     def status() -> dict[str, Any]:
         each = [handle.status() for _, handle in running]
@@ -129,6 +132,16 @@ def main(folder: str, mode: str, shape: str = "window") -> int:
         return first
 
     return serve(spark, watch, running, mode, status)
+
+
+def _first_batch_done(query: Any, bound_seconds: float = 60.0) -> None:
+    """Wait (bounded) for a query's first batch before the next starts. A query's first batch
+    starts its Python workers (a state function's, a data source's), and Spark gives a worker
+    it starts for ``transformWithStateInPandas`` 10 seconds to connect back (not configurable):
+    six queries starting their workers at once on a loaded 2-core machine missed it."""
+    deadline = time.monotonic() + bound_seconds
+    while query.isActive and not query.recentProgress and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _lines_source() -> type:
