@@ -28,7 +28,8 @@ if os.environ.get("CI"):
 # data sources) find the same packages
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 # every Spark JVM of the run (this process's, the drivers it starts, the Connect server) starts
-# from the class-data archive noxfile.py builds, with the client compiler only: tests/jvm_archive.py
+# from the class-data archive noxfile.py builds; the short-lived ones with the client compiler
+# only, the session below and the Connect server with both (tests/jvm_archive.py)
 jvm_archive.apply(os.environ)
 
 

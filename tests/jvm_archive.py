@@ -92,6 +92,20 @@ def apply(environ: os._Environ[str] | dict[str, str]) -> None:
     environ[VARIABLE] = " ".join([current, *java_options()]).strip()
 
 
+def _run_self(
+    mode: str, env: dict[str, str], *, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """This module in a process of its own (``--workload``, ``--start-once``), bounded in time."""
+    return subprocess.run(
+        [sys.executable, "-m", "tests.jvm_archive", mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_SECONDS,
+        check=check,
+    )
+
+
 def build() -> int:
     """Build the archive if this pyspark and Java have none; 0 when it is there after."""
     archive = archive_path()
@@ -108,13 +122,7 @@ def build() -> int:
     }
     started = time.monotonic()
     try:
-        run = subprocess.run(
-            [sys.executable, "-m", "tests.jvm_archive", "--workload"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_SECONDS,
-        )
+        run = _run_self("--workload", env)
     except subprocess.TimeoutExpired:
         partial.unlink(missing_ok=True)
         print(
@@ -144,18 +152,12 @@ def _workload() -> None:
     import json
     import tempfile
 
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("wmwatch-jvm-archive")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.adaptive.enabled", "false")
-        .getOrCreate()
-    )
+    from tests.harness.crash import driver_session
+
+    spark = driver_session("wmwatch-jvm-archive")  # as the drivers the tests start
     gateway = spark.sparkContext._gateway
     with tempfile.TemporaryDirectory(prefix="wmwatch-jvm-archive-") as tmp:
         work = Path(tmp)
@@ -199,18 +201,12 @@ def _workload() -> None:
 
 def _start_once() -> None:
     """Start Spark, run one small job, print the JVM's CPU seconds so far, stop."""
-    from pyspark.sql import SparkSession
+    from benchmarks._cpu import _process_seconds
+    from tests.harness.crash import driver_session
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
+    spark = driver_session("wmwatch-jvm-start")
     spark.range(1000).selectExpr("id % 7 AS k").groupBy("k").count().collect()
-    pid = spark.sparkContext._gateway.proc.pid
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    print((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    print(_process_seconds(spark.sparkContext._gateway.proc.pid))
     spark.stop()
 
 
@@ -234,14 +230,7 @@ def measure(rounds: int = 3) -> None:
     for _ in range(rounds):
         for name, env in ways.items():
             started = time.monotonic()
-            run = subprocess.run(
-                [sys.executable, "-m", "tests.jvm_archive", "--start-once"],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=BUILD_TIMEOUT_SECONDS,
-                check=True,
-            )
+            run = _run_self("--start-once", env, check=True)
             wall = time.monotonic() - started
             figures[name].append((float(run.stdout.strip().splitlines()[-1]), wall))
     for name, runs in figures.items():
