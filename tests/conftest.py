@@ -201,6 +201,24 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     session.stop()
 
 
+@pytest.fixture(autouse=True)
+def _no_query_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A streaming query a test leaves running in the run's shared session keeps polling its
+    source for the rest of the run, taking CPU from every later test: it is stopped when the
+    test ends (after the test's own fixtures), and named in a warning so it gets fixed."""
+    yield
+    if "spark" not in request.fixturenames:
+        return
+    session = request.getfixturevalue("spark")
+    left = list(session.streams.active)
+    for query in left:
+        with contextlib.suppress(Exception):  # best effort: the test's outcome stands
+            query.stop()
+    if left:
+        names = ", ".join(sorted(str(q.name or q.id) for q in left))
+        request.node.warn(pytest.PytestWarning(f"the test left queries running: {names}"))
+
+
 @pytest.fixture
 def delta_spark(spark: Any) -> Any:
     """The run's session, which must be the pyspark 4.2 one with Delta's jars."""

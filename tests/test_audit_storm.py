@@ -19,6 +19,8 @@ from typing import Any
 import duckdb
 import pytest
 
+from tests import jvm_archive
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 ROWS = 2_000_000
@@ -31,7 +33,9 @@ SCRIPT = Path(__file__).parent / "scripts" / "late_storm.py"
 
 
 def run_storm(tmp_path: Path, rows: int, *extra: str) -> dict[str, Any]:
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(Path.cwd())}
+    env = jvm_archive.both_compilers(
+        {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(Path.cwd())}
+    )
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     run = subprocess.run(
         [sys.executable, str(SCRIPT), str(tmp_path), str(rows), "--parquet", *extra],

@@ -29,11 +29,14 @@ from wmwatch._text import (
     _REDACTING,
     _SECRET_NAME,
     REDACTED,
+    _apply_rules,
     clean,
     clean_json,
     error_line,
     get_logger,
     is_secret_name,
+    may_be_redacted,
+    printable,
     redact,
     redact_json,
 )
@@ -344,6 +347,9 @@ def test_spark_redact_cleans_exactly_as_clean(spark: Any) -> None:
     texts = [t for t, _ in FORMS if "\\u" not in t] + [
         "/data/in/password=hunter2/a.json",
         "/data/in/plain/late[1].json",
+        "s3a://bucket/keys/day=1/a.json",
+        "/data/API_KEY=abc/x.json",
+        "/data/in/date=2026-01-01/part-0.json",
         "/tmp/ſecret=hunter2/x.json",
         "/data/in/\x1b[2J\x1b]0;title\x07/\x9b31mred\r.json",
     ]
@@ -351,6 +357,41 @@ def test_spark_redact_cleans_exactly_as_clean(spark: Any) -> None:
     got = [r[0] for r in frame.select(spark_redact(F.col("t"))).collect()]
     assert got == [clean(t) for t in texts]
     assert not any(SECRET in g for g in got)
+
+
+# texts the JVM's rules might change: pieces of every form above, of secret key names (any
+# case), schemes, user info and headers, glued by path and option punctuation
+_RULE_PIECES = [
+    *(form for form, _ in FORMS if "\\u" not in form),
+    *_SECRET_KEY_EXAMPLES,
+    "PASSWORD", "Pwd", "SeSsIoN_Id", "sas.c1", "Sig", "Credential", "Authorization", "API-KEY",
+    "s3a://", "user:pw@", "@", "Bearer ", "BEARER\t", "=", ":", " : ", "'", '"', "/", ".json",
+    "data", "in", "\x1b", "\x9b", "\x7f", "\u017f", "\u212a", "\t", "\n",
+]  # fmt: skip
+
+
+_SECRET_KEY_FORMS = [
+    "password", "PassWd", "passphrase", "PWD", "secret", "Token", "access_key", "Secret-Key",
+    "privatekey", "session.token", "SeSsIoN_Id", "apiKey", "account.key.a1", "SAS", "sas.c1",
+    "sig", "Signature", "credentials", "Authorization",
+]  # fmt: skip
+_KEY_VALUES = st.tuples(
+    st.sampled_from(_SECRET_KEY_FORMS),
+    st.sampled_from(["=", ":", " = ", '"=', "':", "\t:"]),
+    st.sampled_from(["hunter2", '"x"', "'y'", "Bearer z"]),
+).map("".join)
+
+
+@settings(max_examples=400)
+@given(
+    pieces=st.lists(st.sampled_from(_RULE_PIECES) | _KEY_VALUES | st.text(max_size=4), max_size=8)
+)
+def test_a_text_the_jvm_leaves_unchecked_is_one_no_rule_changes(pieces: list[str]) -> None:
+    # spark_redact skips its regular expressions where may_be_redacted is False: for such a
+    # text the rules and the control-character filter must both be no-ops
+    text = "".join(pieces)
+    if not may_be_redacted(text):
+        assert printable(_apply_rules(text)) == text
 
 
 @pytest.mark.parametrize(

@@ -230,17 +230,64 @@ def clean_json(doc: Any, text: str) -> str | None:
         return None
 
 
+# Every secret key holds one of these words (lower case), so a text of printable ASCII (tabs
+# and newlines too) with none of them beside a "=" or ":", no "@" and no "bearer" is one that
+# no rule changes: :func:`spark_redact` leaves such a text (most file paths) as it is without
+# running the rules' regular expressions, which cost the JVM several seconds per million rows.
+_KEY_WORDS = (
+    "pass",
+    "pwd",
+    "secret",
+    "token",
+    "key",
+    "session",
+    "sas",
+    "sig",
+    "credential",
+    "authorization",
+)
+_NOT_PLAIN_ASCII = r"[^\t\n\x20-\x7e]"
+
+
+def may_be_redacted(text: str) -> bool:
+    """False only for a text that no rule of :func:`spark_redact` changes (the test that lets
+    the JVM skip the rules for it, in Python)."""
+    if re.search(_NOT_PLAIN_ASCII, text) or "@" in text:
+        return True
+    lower = text.lower()
+    return "bearer" in lower or (
+        ("=" in text or ":" in text) and any(word in lower for word in _KEY_WORDS)
+    )
+
+
 def spark_redact(column: Any) -> Any:
     """A Spark column expression cleaning ``column`` as :func:`clean` does (secrets masked,
     control characters dropped; Spark's strings are valid UTF-8 already), run by the JVM on
-    every row (file paths of late rows, for Parquet and DuckDB alike)."""
+    every row (file paths of late rows, for Parquet and DuckDB alike). A text that
+    :func:`may_be_redacted` clears is kept without running the rules."""
+    from functools import reduce
+    from operator import or_
+
     from pyspark.sql import functions as F
 
+    cleaned = column
     for pattern, template in _RULES:
         flags = "(?iu)" if pattern.flags & re.IGNORECASE else ""
         java = flags + pattern.pattern.replace("(?P<", "(?<")
-        column = F.regexp_replace(column, java, re.sub(r"\\g<(\w+)>", r"${\1}", template))
-    return F.regexp_replace(column, _CONTROL.pattern, "")
+        cleaned = F.regexp_replace(cleaned, java, re.sub(r"\\g<(\w+)>", r"${\1}", template))
+    cleaned = F.regexp_replace(cleaned, _CONTROL.pattern, "")
+    lower = F.lower(column)
+    may_change = reduce(
+        or_,
+        [
+            column.rlike(_NOT_PLAIN_ASCII),
+            column.contains("@"),
+            lower.contains("bearer"),
+            (column.contains("=") | column.contains(":"))
+            & reduce(or_, [lower.contains(word) for word in _KEY_WORDS]),
+        ],
+    )
+    return F.when(may_change, cleaned).otherwise(column)
 
 
 class RedactingFilter(logging.Filter):
