@@ -235,10 +235,11 @@ def storm(rows: int) -> None:
             text=True,
             check=False,
             env={**os.environ, "PYTHONPATH": str(script.parents[2])},
+            timeout=1800,  # 5,000,000 rows take about two minutes on 2 cores
         )
         if run.returncode != 0:
-            print(f"storm: the driver failed:\n{run.stderr[-3000:]}")
-            return
+            # a failed part fails the benchmark (its --tiny run is a test)
+            sys.exit(f"storm: the driver failed:\n{run.stderr[-3000:]}")
         result = json.loads(run.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(work, ignore_errors=True)
