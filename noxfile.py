@@ -19,6 +19,7 @@ so that ``main`` is the ``.venv`` CI already built.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sys
 import tempfile
@@ -95,7 +96,12 @@ def dev_requirements(pyspark: str | None) -> list[str]:
 def _prepare(session: nox.Session, env: Env) -> Path:
     venv = ROOT / env.venv
     bin_dir = venv / "bin"
+    # what the last install into a pinned environment installed (its requirements and the
+    # project's pyproject.toml): ``nox -s delta`` after ``nox -s delta-env`` (as in CI) or a
+    # second run does not run pip again
+    stamp = venv / "wmwatch-installed.txt"
     if not (bin_dir / "python").exists():
+        stamp.unlink(missing_ok=True)
         session.run(sys.executable, "-m", "venv", str(venv), external=True)
     if env.pyspark is None:
         # the main venv: .ci/run installs it from the dev extra; install it when missing
@@ -103,13 +109,12 @@ def _prepare(session: nox.Session, env: Env) -> Path:
             session.run(str(bin_dir / "pip"), "install", "-q", "-e", f"{ROOT}[dev]", external=True)
     else:
         wanted = [str(ROOT), *dev_requirements(env.pyspark), *env.extra]
-        # what the last install installed: ``nox -s delta`` after ``nox -s delta-env`` (as in
-        # CI) or a second run does not run pip again
-        stamp = venv / "wmwatch-installed.txt"
-        if stamp.is_file() and stamp.read_text() == "\n".join(wanted):
+        project = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+        record = "\n".join([project, *wanted])
+        if stamp.is_file() and stamp.read_text() == record:
             return bin_dir
         session.run(str(bin_dir / "pip"), "install", "-q", "-e", *wanted, external=True)
-        stamp.write_text("\n".join(wanted))
+        stamp.write_text(record)
     return bin_dir
 
 

@@ -229,20 +229,32 @@ def storm(rows: int) -> None:
     script = Path(__file__).resolve().parents[1] / "tests" / "scripts" / "late_storm.py"
     work = Path(tempfile.mkdtemp(prefix="wmwatch-bench-storm-"))
     try:
-        run = subprocess.run(
-            [sys.executable, str(script), str(work), str(rows), "--parquet"],
-            capture_output=True,
-            text=True,
-            check=False,
-            env={**os.environ, "PYTHONPATH": str(script.parents[2])},
-            timeout=1800,  # 5,000,000 rows take about two minutes on 2 cores
-        )
+        run = _run_storm(script, work, rows)
         if run.returncode != 0:
             # a failed part fails the benchmark (its --tiny run is a test)
             sys.exit(f"storm: the driver failed:\n{run.stderr[-3000:]}")
         result = json.loads(run.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _print_storm(rows, result)
+
+
+def _run_storm(script: Path, work: Path, rows: int) -> subprocess.CompletedProcess[str]:
+    timeout = 1800  # 5,000,000 rows take about two minutes on 2 cores
+    try:
+        return subprocess.run(
+            [sys.executable, str(script), str(work), str(rows), "--parquet"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "PYTHONPATH": str(script.parents[2])},
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        sys.exit(f"storm: the driver ran past {timeout} s")
+
+
+def _print_storm(rows: int, result: dict[str, Any]) -> None:
     status = result["status"]
     mib = 1024 * 1024
     print(

@@ -29,7 +29,8 @@ if os.environ.get("CI"):
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 # every Spark JVM of the run (this process's, the drivers it starts, the Connect server) starts
 # from the class-data archive noxfile.py builds; the short-lived ones with the client compiler
-# only, the session below and the Connect server with both (tests/jvm_archive.py)
+# only, the session below, the Connect server and the storm's driver with both
+# (tests/jvm_archive.py)
 jvm_archive.apply(os.environ)
 # A query with nothing new to read polls its sources every spark.sql.streaming.pollingDelay
 # (Spark's default 10 ms): an idle file-source query then keeps a quarter of a core busy, and
@@ -214,9 +215,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 @pytest.fixture(autouse=True)
 def _no_query_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A streaming query a test leaves running in the run's shared session keeps polling its
-    source for the rest of the run, taking CPU from every later test: it is stopped when the
-    test ends (after the test's own fixtures), and named in a warning so it gets fixed."""
+    """A streaming query a test leaves running in its process's shared session keeps polling
+    its source for the rest of the run, taking CPU from every later test: it is stopped when
+    the test ends (after the test's own fixtures), and the test fails, naming it."""
     yield
     if "spark" not in request.fixturenames:
         return
@@ -227,7 +228,7 @@ def _no_query_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None
             query.stop()
     if left:
         names = ", ".join(sorted(str(q.name or q.id) for q in left))
-        request.node.warn(pytest.PytestWarning(f"the test left queries running: {names}"))
+        pytest.fail(f"the test left queries running in the shared session: {names}")
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ compiler only (``-XX:TieredStopAtLevel=1``) brings that to about 5 (docs/develop
   Connect server); the variable passes to the tests' processes with the environment. The JVMs
   that live the whole run (each test process's session, the Connect server) keep both
   compilers (``long_lived_conf``): measured over the suite, their tests ran 5-30% slower with
-  the client compiler alone.
+  the client compiler alone; so does a short-lived one that moves a lot of data
+  (``both_compilers``: the two-million-row storm).
 - ``python -m tests.jvm_archive --measure`` starts Spark with and without it in alternation and
   prints the CPU and wall seconds of each start, with the machine.
 

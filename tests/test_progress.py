@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.harness.handmade import plain_secret_keys
 from wmwatch import ProgressParseError, parse_progress
 from wmwatch._events import parse_started, parse_terminated
 from wmwatch._progress import clean_name, parse_progress_event, query_label
-from wmwatch._text import SECRET_KEYS, _mask, redact
+from wmwatch._text import _mask, redact
 from wmwatch._time import EPOCH, parse_timestamp
 
 FIXTURE = Path(__file__).parent / "fixtures" / "progress_window.json"
@@ -267,14 +267,7 @@ def test_fuzzed_listener_events_parse_as_if_decoded_whole(
 # ----------------------------------------------------------------------------- redaction
 
 
-def _secret_keys() -> list[str]:
-    """Every key the redactor masks, spelled plainly (so a new key is tested here too)."""
-    plain = [re.sub(r"\[_\.\\-\]\?|\(\?:.*?\)\*", "", key) for key in SECRET_KEYS]
-    assert all(re.fullmatch(r"[a-z]+", key) for key in plain), plain
-    return plain
-
-
-@pytest.mark.parametrize("key", _secret_keys())
+@pytest.mark.parametrize("key", plain_secret_keys())
 def test_every_secret_key_is_masked_in_parsed_progress(key: str) -> None:
     for spelled in (key, key.upper(), key.replace("s", "ſ"), key.replace("k", "\u212a")):
         doc = minimal(sources=[{"description": f"Kafka[{spelled}=hunter2]"}])
@@ -288,7 +281,7 @@ def test_every_secret_key_is_masked_in_parsed_progress(key: str) -> None:
     text=st.lists(
         st.sampled_from(
             [
-                *_secret_keys(),
+                *plain_secret_keys(),
                 "=",
                 ": ",
                 "@",

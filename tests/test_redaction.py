@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 import wmwatch
-from tests.harness.handmade import progress
+from tests.harness.handmade import plain_secret_keys, progress
 from tests.scripts.safety_support import NoQueriesSession
 from wmwatch._progress import clean_name, parse_progress, parse_progress_event
 from wmwatch._store.writer import HistoryStore
@@ -382,7 +382,15 @@ _KEY_VALUES = st.tuples(
 ).map("".join)
 
 
-@settings(max_examples=400)
+@pytest.mark.parametrize("key", plain_secret_keys())
+def test_every_secret_key_is_one_the_jvm_checks(key: str) -> None:
+    # a key added to SECRET_KEYS without a word of _KEY_WORDS would pass the JVM unmasked
+    for spelled in (key, key.upper(), key.title()):
+        text = f"/data/{spelled}=hunter2/a.json"
+        assert _apply_rules(text) != text and may_be_redacted(text), spelled
+
+
+@settings(max_examples=400, deadline=None)
 @given(
     pieces=st.lists(st.sampled_from(_RULE_PIECES) | _KEY_VALUES | st.text(max_size=4), max_size=8)
 )

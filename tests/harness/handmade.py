@@ -4,14 +4,23 @@ as the audit's writer takes them, and checkpoints in Spark's formats."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from wmwatch._progress import ProgressSnapshot, parse_progress
+from wmwatch._text import SECRET_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def plain_secret_keys() -> list[str]:
+    """Every key the redactor masks, spelled plainly (so a new key is tested too)."""
+    plain = [re.sub(r"\[_\.\\-\]\?|\(\?:.*?\)\*", "", key) for key in SECRET_KEYS]
+    assert all(re.fullmatch(r"[a-z]+", key) for key in plain), plain
+    return plain
 
 
 def iso(at: datetime) -> str:
