@@ -228,21 +228,9 @@ def storm(rows: int) -> None:
     """The late-row storm scenario in a driver of its own, with a Parquet overflow folder."""
     script = Path(__file__).resolve().parents[1] / "tests" / "scripts" / "late_storm.py"
     work = Path(tempfile.mkdtemp(prefix="wmwatch-bench-storm-"))
-    try:
-        run = _run_storm(script, work, rows)
-        if run.returncode != 0:
-            # a failed part fails the benchmark (its --tiny run is a test)
-            sys.exit(f"storm: the driver failed:\n{run.stderr[-3000:]}")
-        result = json.loads(run.stdout.strip().splitlines()[-1])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    _print_storm(rows, result)
-
-
-def _run_storm(script: Path, work: Path, rows: int) -> subprocess.CompletedProcess[str]:
     timeout = 1800  # 5,000,000 rows take about two minutes on 2 cores
     try:
-        return subprocess.run(
+        run = subprocess.run(
             [sys.executable, str(script), str(work), str(rows), "--parquet"],
             capture_output=True,
             text=True,
@@ -250,11 +238,14 @@ def _run_storm(script: Path, work: Path, rows: int) -> subprocess.CompletedProce
             env={**os.environ, "PYTHONPATH": str(script.parents[2])},
             timeout=timeout,
         )
+        # a failed part fails the benchmark (its --tiny run is a test)
+        if run.returncode != 0:
+            sys.exit(f"storm: the driver failed:\n{run.stderr[-3000:]}")
+        result = json.loads(run.stdout.strip().splitlines()[-1])
     except subprocess.TimeoutExpired:
         sys.exit(f"storm: the driver ran past {timeout} s")
-
-
-def _print_storm(rows: int, result: dict[str, Any]) -> None:
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     status = result["status"]
     mib = 1024 * 1024
     print(

@@ -39,10 +39,9 @@ jvm_archive.apply(os.environ)
 # polls every 100 ms instead: 0.28 -> 0.07 of a core for an idle query, measured here; a new
 # file is read at most 0.1 s later.
 IDLE_POLL_OPTION = "-Dspark.sql.streaming.pollingDelay=100ms"
-if IDLE_POLL_OPTION not in os.environ.get(jvm_archive.VARIABLE, "").split():
-    os.environ[jvm_archive.VARIABLE] = " ".join(
-        [*os.environ.get(jvm_archive.VARIABLE, "").split(), IDLE_POLL_OPTION]
-    )
+_jvm_options = os.environ.get(jvm_archive.VARIABLE, "").split()
+if IDLE_POLL_OPTION not in _jvm_options:
+    os.environ[jvm_archive.VARIABLE] = " ".join([*_jvm_options, IDLE_POLL_OPTION])
 
 
 def _java_available() -> bool:

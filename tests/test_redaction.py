@@ -359,21 +359,21 @@ def test_spark_redact_cleans_exactly_as_clean(spark: Any) -> None:
     assert not any(SECRET in g for g in got)
 
 
-# texts the JVM's rules might change: pieces of every form above, of secret key names (any
-# case), schemes, user info and headers, glued by path and option punctuation
+# secret key names in any case and with any separator
+_SECRET_KEY_FORMS = [
+    "password", "PASSWORD", "PassWd", "passphrase", "PWD", "Pwd", "secret", "Token",
+    "access_key", "Secret-Key", "privatekey", "session.token", "SeSsIoN_Id", "apiKey", "API-KEY",
+    "account.key.a1", "SAS", "sas.c1", "sig", "Sig", "Signature", "Credential", "credentials",
+    "Authorization",
+]  # fmt: skip
+# texts the JVM's rules might change: pieces of every form above, of secret key names,
+# schemes, user info and headers, glued by path and option punctuation
 _RULE_PIECES = [
     *(form for form, _ in FORMS if "\\u" not in form),
     *_SECRET_KEY_EXAMPLES,
-    "PASSWORD", "Pwd", "SeSsIoN_Id", "sas.c1", "Sig", "Credential", "Authorization", "API-KEY",
+    *_SECRET_KEY_FORMS,
     "s3a://", "user:pw@", "@", "Bearer ", "BEARER\t", "=", ":", " : ", "'", '"', "/", ".json",
     "data", "in", "\x1b", "\x9b", "\x7f", "\u017f", "\u212a", "\t", "\n",
-]  # fmt: skip
-
-
-_SECRET_KEY_FORMS = [
-    "password", "PassWd", "passphrase", "PWD", "secret", "Token", "access_key", "Secret-Key",
-    "privatekey", "session.token", "SeSsIoN_Id", "apiKey", "account.key.a1", "SAS", "sas.c1",
-    "sig", "Signature", "credentials", "Authorization",
 ]  # fmt: skip
 _KEY_VALUES = st.tuples(
     st.sampled_from(_SECRET_KEY_FORMS),

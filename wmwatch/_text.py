@@ -277,15 +277,12 @@ def spark_redact(column: Any) -> Any:
         cleaned = F.regexp_replace(cleaned, java, re.sub(r"\\g<(\w+)>", r"${\1}", template))
     cleaned = F.regexp_replace(cleaned, _CONTROL.pattern, "")
     lower = F.lower(column)
-    may_change = reduce(
-        or_,
-        [
-            column.rlike(_NOT_PLAIN_ASCII),
-            column.contains("@"),
-            lower.contains("bearer"),
-            (column.contains("=") | column.contains(":"))
-            & reduce(or_, [lower.contains(word) for word in _KEY_WORDS]),
-        ],
+    key_word = reduce(or_, [lower.contains(word) for word in _KEY_WORDS])
+    may_change = (
+        column.rlike(_NOT_PLAIN_ASCII)
+        | column.contains("@")
+        | lower.contains("bearer")
+        | ((column.contains("=") | column.contains(":")) & key_word)
     )
     return F.when(may_change, cleaned).otherwise(column)
 
