@@ -247,7 +247,7 @@ def print_cpu(tp: dict[str, Any]) -> None:
     )
     print(
         f"   wmwatch in python: {extra:.3f} CPU s per run = "
-        f"{extra / tp['seconds_with']:.1%} of one core "
+        f"{extra / tp['seconds_with']:.2%} of one core "
         f"over the run's {tp['seconds_with']:.1f} s"
     )
 

@@ -174,6 +174,7 @@ def test_plan_plugin_forgets_stopped_queries_their_series_and_findings(
             "stopped": 0,
             "connect_facts": 0,
             "previous_watermark": 0,
+            "handles": 0,
             "reads": 0,
             "findings": 0,
         }

@@ -4,12 +4,14 @@ metrics."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from wmwatch._core.plugins import WatchPlugin
+from wmwatch._events import QueryTerminated
 from wmwatch._inspect.plugin import PlanPlugin
 from wmwatch._progress import ProgressSnapshot, parse_progress
 
@@ -139,4 +141,52 @@ def test_progress_hook_never_waits_for_a_plan_read() -> None:
         assert watch.callers == ["wmwatch-plan", "wmwatch-plan"]
     finally:
         watch.release.set()
+        plugin.close()
+
+
+class StopsLater(NoSession):
+    """A watch whose one query runs until ``running`` is cleared (Spark then lists it no more);
+    each plan read of its handle is counted (and fails: there is no JVM behind it)."""
+
+    def __init__(self) -> None:
+        self.running = True
+        self.reads = 0
+
+    def get_query(self, query_id: str) -> Any:
+        return _CountedQuery(self) if self.running else None
+
+
+class _CountedQuery:
+    def __init__(self, watch: StopsLater) -> None:
+        self._watch = watch
+
+    @property
+    def _jsq(self) -> Any:
+        self._watch.reads += 1
+        raise RuntimeError("no JVM behind this query")
+
+
+def test_a_stopped_runs_last_progress_is_read_at_once() -> None:
+    """Reads are spaced out per query, but a run that stops has its waiting progress read at
+    once (its final watermarks), through the run's own handle since Spark lists it no more;
+    then nothing of it is kept for reads."""
+    watch = StopsLater()
+    plugin = PlanPlugin(watch, min_read_interval_seconds=3600.0)
+    try:
+        plugin.on_progress(join_progress(0, total=6, removed=0))
+        deadline = time.monotonic() + 60
+        while watch.reads < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watch.reads == 1  # the first progress is read at once
+        plugin.on_progress(join_progress(1, total=12, removed=0))
+        time.sleep(0.3)
+        assert watch.reads == 1  # the next waits for the interval
+        assert plugin.remembered()["handles"] == 1
+        watch.running = False
+        plugin.on_query_terminated(QueryTerminated("q1", "r1", None, None, None))
+        assert plugin.wait_idle(timeout=60)
+        assert watch.reads == 2  # read at once, with the stopped run's handle
+        assert plugin.remembered()["reads"] == 0
+        assert plugin.remembered()["handles"] == 0
+    finally:
         plugin.close()

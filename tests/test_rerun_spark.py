@@ -408,3 +408,40 @@ def test_an_event_taken_and_not_yet_handled_is_still_unfinished() -> None:
     assert events.size() == 0 and events.unfinished() == 1  # off the queue, not handled yet
     events.task_done()
     assert events.unfinished() == 0
+
+
+def test_an_idle_worker_sleeps_until_an_event_and_ends_at_once_when_stopped() -> None:
+    """The worker waits on its queue without polling while no event comes (it woke ten times
+    a second before: more CPU than a busy query's events), handles what is queued, and a stop
+    ends it at once rather than at its next check of Spark's bus."""
+    from wmwatch._core.health import Health
+    from wmwatch._core.listener import EventQueue
+    from wmwatch._core.state import QueryBook
+    from wmwatch._core.worker import Worker
+
+    class CountedGets(EventQueue):
+        def __init__(self) -> None:
+            super().__init__(10, Health())
+            self.gets = 0
+
+        def get(self, timeout: float) -> Any:
+            self.gets += 1
+            return super().get(timeout)
+
+    events = CountedGets()
+    book = QueryBook()
+    worker = Worker(None, events, book, Health(), None, list)
+    worker.start()
+    try:
+        time.sleep(1.0)
+        assert events.gets <= 2  # one wait (and a bus check at the start), not ten a second
+        events.offer("started", {"id": "q1", "runId": "r1", "name": "idle_worker"})
+        assert worker.wait_idle(timeout=10)
+        assert book.get("q1") is not None
+        started = time.monotonic()
+        worker.stop()
+        worker.join(timeout=10)
+        assert not worker.is_alive()
+        assert time.monotonic() - started < 1.0  # the bus check is 5 s away
+    finally:
+        worker.stop()

@@ -52,8 +52,9 @@ if TYPE_CHECKING:  # duckdb loads only with a history store
 log = get_logger("wmwatch")
 
 # The history writer's timed flushes may use this share of one core: the watched job runs on
-# the same cores, and a flush's fixed cost grows with a slower machine.
-HISTORY_WRITER_CPU_SHARE = 0.005
+# the same cores, and a flush's fixed cost (20-40 ms of DuckDB's CPU for one batch or fifty)
+# grows with a slower machine. Reads, ``flush`` and a backlog are never held back by it.
+HISTORY_WRITER_CPU_SHARE = 0.002
 
 
 class Watch:
@@ -568,7 +569,7 @@ def attach(
     ``strict``: raise on setup problems (port in use, unusable db) instead of logging them and
     running without that part. ``forget_after_seconds``: how long a stopped query's series stay.
     ``db_flush_seconds``: how often history is written (the file is opened only then, so
-    ``wmwatch report`` can read it in between); where a flush costs more than 0.5% of one core
+    ``wmwatch report`` can read it in between); where a flush costs more than 0.2% of one core
     over that interval (a slow or busy machine), flushes are spaced out to keep to that share.
     ``retention_days``: days of history to keep (default 30; older rows are deleted every
     10 minutes); ``None`` keeps everything.

@@ -30,6 +30,9 @@ class RawEvent:
 
 Offer = Callable[[str, str | dict[str, Any]], bool]
 
+# Put by :meth:`EventQueue.wake` to end a waiting ``get`` (never handed out as an event).
+_WAKE = RawEvent("wake", {}, 0.0)
+
 
 class EventQueue:
     """A bounded queue of raw events; ``offer`` never blocks."""
@@ -88,10 +91,20 @@ class EventQueue:
         return True
 
     def get(self, timeout: float) -> RawEvent | None:
+        """The next event, or None when ``timeout`` passed or :meth:`wake` was called."""
         try:
-            return self._queue.get(timeout=timeout)
+            event = self._queue.get(timeout=timeout)
         except queue.Empty:
             return None
+        if event is _WAKE:
+            self._queue.task_done()
+            return None
+        return event
+
+    def wake(self) -> None:
+        """Make a ``get`` that waits return None now (a full queue hands it an event anyway)."""
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(_WAKE)
 
     def size(self) -> int:
         return self._queue.qsize()

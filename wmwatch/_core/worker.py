@@ -81,6 +81,7 @@ class Worker:
     def stop(self) -> None:
         """Let the thread end once the queue is empty."""
         self._stop.set()
+        self._events.wake()
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout=timeout)
@@ -126,10 +127,14 @@ class Worker:
                     self._poll_spark_bus()
                 except Exception:  # noqa: BLE001 - the worker must survive anything
                     self._health.error("spark_bus")
-            event = self._events.get(timeout=0.1)
+            # sleeps until an event comes in or the bus is due (no polling while idle: waking
+            # ten times a second cost more CPU than the events); stop() wakes it
+            stopping = self._stop.is_set()
+            wait = 0.0 if stopping else max(0.0, next_bus_poll - time.monotonic())
+            event = self._events.get(timeout=wait)
             if event is None:
-                if self._stop.is_set():
-                    return
+                if stopping and not self._events.size():
+                    return  # nothing left to handle
                 continue
             started = time.perf_counter()
             try:

@@ -72,7 +72,7 @@ class PlanPlugin(WatchPlugin):
         jump_min_seconds: float = 3600.0,
         findings_update_interval_seconds: float = 30.0,
         side_count_every_batches: int | None = 20,
-        min_read_interval_seconds: float = 1.0,
+        min_read_interval_seconds: float = 2.0,
         forget_after_seconds: float = 600.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -106,6 +106,9 @@ class PlanPlugin(WatchPlugin):
         self._previous_watermark: dict[str, datetime | None] = {}
         # query id -> (the run that stopped, when, on ``monotonic``)
         self._stopped: dict[str, tuple[str, float]] = {}
+        # query id -> (run id, its StreamingQuery): Spark lists a run no more once it stops,
+        # and its last progress is still read
+        self._handles: dict[str, tuple[str, Any]] = {}
         self._reads = LatestReads(
             self._read, min_interval_seconds=min_read_interval_seconds, name="wmwatch-plan"
         )
@@ -160,11 +163,19 @@ class PlanPlugin(WatchPlugin):
         self._reads.submit(snapshot.query_id, snapshot)
 
     def on_query_terminated(self, event: QueryTerminated) -> None:
-        self._reads.discard(event.query_id)
         with self._lock:
             if event.query_id in self._queries:
                 self._stopped[event.query_id] = (event.run_id, self._monotonic())
+        # the run's last progress waiting for a read is read now (its final watermarks), not
+        # dropped; the run's handle goes after that read
+        if not self._reads.finish(event.query_id):
+            self._drop_stopped_handle(event.query_id)
         self._forget_stopped()
+
+    def _drop_stopped_handle(self, query_id: str) -> None:
+        with self._lock:
+            if query_id in self._stopped:
+                self._handles.pop(query_id, None)
 
     def _forget_stopped(self) -> None:
         """Forget the queries stopped more than ``forget_after_seconds`` ago: their state,
@@ -181,6 +192,7 @@ class PlanPlugin(WatchPlugin):
                 self._queries.pop(query_id, None)
                 self._connect_facts.pop(query_id, None)
                 self._previous_watermark.pop(query_id, None)
+                self._handles.pop(query_id, None)
         for query_id in due:
             self._reads.discard(query_id)
             self.findings.forget(query_id)
@@ -193,6 +205,7 @@ class PlanPlugin(WatchPlugin):
                 "stopped": len(self._stopped),
                 "connect_facts": len(self._connect_facts),
                 "previous_watermark": len(self._previous_watermark),
+                "handles": len(self._handles),
                 "reads": len(self._reads.keys()),
                 "findings": len(self.findings.all()),
             }
@@ -236,6 +249,9 @@ class PlanPlugin(WatchPlugin):
                 q = self._queries.get(query_id)
                 if q is not None:
                     q.inspect_failures += 1
+        finally:
+            # a stopped run's last read is done: its handle is not needed any more
+            self._drop_stopped_handle(query_id)
 
     def _inspect(self, snapshot: ProgressSnapshot) -> None:
         with self._lock:
@@ -245,7 +261,7 @@ class PlanPlugin(WatchPlugin):
             facts = q.facts
             due = facts is None or q.batches_since_inspection >= self.reinspect_every_batches
             q.batches_since_inspection += 1
-        query = self._context.get_query(snapshot.query_id)
+        query = self._running_or_stopped(snapshot)
         if query is None:
             return
         jsq = getattr(query, "_jsq", None)
@@ -289,6 +305,17 @@ class PlanPlugin(WatchPlugin):
         if reading is not None and self._store is not None:
             self._record(snapshot.query_id, label, reading, sources, facts.policy)
         self._count_sides(q, snapshot, at)
+
+    def _running_or_stopped(self, snapshot: ProgressSnapshot) -> Any:
+        """The query of ``snapshot``'s run: running, or stopped since (its last read)."""
+        query = self._context.get_query(snapshot.query_id)
+        with self._lock:
+            if query is not None:
+                if snapshot.query_id not in self._stopped:
+                    self._handles[snapshot.query_id] = (snapshot.run_id, query)
+                return query
+            run_id, handle = self._handles.get(snapshot.query_id, (None, None))
+        return handle if run_id == snapshot.run_id else None
 
     def _count_sides(self, q: QueryState, snapshot: ProgressSnapshot, at: datetime) -> None:
         """Per-side state rows of joins that keep state forever, every few batches."""

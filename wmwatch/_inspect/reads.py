@@ -2,7 +2,8 @@
 
 py4j reads compete with the watched query for the driver and can stall, so they never run on the
 watch's worker thread. A query that completes many batches a second gets one read per
-``min_interval_seconds`` (the newest progress wins); the others are dropped, not queued.
+``min_interval_seconds`` (the newest progress wins); the others are dropped, not queued. A key
+that ends (a query that stopped) has its waiting request read at once, then is forgotten.
 """
 
 from __future__ import annotations
@@ -25,32 +26,64 @@ class LatestReads(Generic[T]):
     def __init__(
         self, read: Callable[[str, T], None], *, min_interval_seconds: float, name: str
     ) -> None:
-        self.min_interval_seconds = min_interval_seconds
+        self._min_interval_seconds = min_interval_seconds
         self._read = read
         self._requests: dict[str, T] = {}
         self._last_read: dict[str, float] = {}
+        # keys whose waiting request is read at once and which are then forgotten
+        self._finishing: set[str] = set()
         self._cond = threading.Condition()
         self._busy = False
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def min_interval_seconds(self) -> float:
+        return self._min_interval_seconds
+
+    @min_interval_seconds.setter
+    def min_interval_seconds(self, seconds: float) -> None:
+        with self._cond:
+            self._min_interval_seconds = seconds
+            self._cond.notify_all()  # the waiting requests may be due sooner
+
     def submit(self, key: str, request: T) -> None:
         """Ask for a read; replaces a request of the same key still waiting."""
         with self._cond:
+            waiting = key in self._requests
             self._requests[key] = request
-            self._cond.notify_all()
+            # a request replacing one still waiting is due when that one was: the thread's
+            # timer already covers it (waking it for nothing cost a context switch per batch)
+            if not waiting:
+                self._cond.notify_all()
 
     def discard(self, key: str) -> None:
         """Forget ``key``: its waiting request and when it was last read."""
         with self._cond:
             self._requests.pop(key, None)
             self._last_read.pop(key, None)
+            self._finishing.discard(key)
+
+    def finish(self, key: str) -> bool:
+        """Read ``key``'s waiting request now, whatever the interval, then forget ``key``.
+
+        Returns True if a request was waiting (it is read on the thread), False if ``key`` is
+        already forgotten.
+        """
+        with self._cond:
+            if key not in self._requests:
+                self._last_read.pop(key, None)
+                self._finishing.discard(key)
+                return False
+            self._finishing.add(key)
+            self._cond.notify_all()
+            return True
 
     def keys(self) -> set[str]:
         """The keys with a waiting request or a remembered read."""
         with self._cond:
-            return set(self._requests) | set(self._last_read)
+            return set(self._requests) | set(self._last_read) | self._finishing
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until every waiting request is read; False if ``timeout`` passed first."""
@@ -77,10 +110,12 @@ class LatestReads(Generic[T]):
                         return
                     now = time.monotonic()
                     waits = {
-                        key: self._last_read.get(key, -math.inf) + self.min_interval_seconds - now
+                        key: self._last_read.get(key, -math.inf) + self._min_interval_seconds - now
                         for key in self._requests
                     }
-                    ready = [key for key, wait in waits.items() if wait <= 0]
+                    ready = [
+                        key for key, wait in waits.items() if wait <= 0 or key in self._finishing
+                    ]
                     if ready:
                         break
                     # nothing due: sleep until a request (or close) notifies, no polling
@@ -94,4 +129,7 @@ class LatestReads(Generic[T]):
             finally:
                 with self._cond:
                     self._busy = False
+                    if key in self._finishing and key not in self._requests:
+                        self._finishing.discard(key)
+                        self._last_read.pop(key, None)
                     self._cond.notify_all()
