@@ -330,6 +330,30 @@ def test_paced_writer_defers_timed_flushes_never_explicit_ones(tmp_path: Path) -
         assert rows(path, "SELECT list(batch_id ORDER BY batch_id) FROM batches") == [([0, 1],)]
 
 
+def test_paced_writer_retries_an_outage_on_the_back_off_not_the_pace(tmp_path: Path) -> None:
+    path = tmp_path / "history.duckdb"
+    # the same tiny share: paced by a failed attempt's CPU, a retry would wait the 30 s cap
+    history = HistoryStore(
+        path, flush_interval_seconds=0.05, lock_wait_seconds=0.05, max_cpu_share=1e-9
+    ).start()
+    try:
+        history.record_progress(progress(0))
+        assert history.flush()
+        child = hold_lock(path)
+        try:
+            history.record_progress(progress(1))
+            assert not history.flush(timeout=1.0)
+            assert not history.health.up
+        finally:
+            release(child)
+        # no explicit flush: the writer's own retry (back-off at most 5 s) writes batch 1
+        assert wait_until(lambda: history.health.up, timeout=12), history.health
+        assert wait_until(lambda: history.health.pending_writes == 0, timeout=12)
+    finally:
+        history.close()
+    assert rows(path, "SELECT list(batch_id ORDER BY batch_id) FROM batches") == [([0, 1],)]
+
+
 def test_cpu_share_out_of_range_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="max_cpu_share"):
         HistoryStore(tmp_path / "history.duckdb", max_cpu_share=0)

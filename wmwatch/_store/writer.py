@@ -515,9 +515,14 @@ class HistoryStore:
         # job needs. Waiting in proportion to what the last flush cost keeps the share bounded;
         # the rows just wait a little longer in memory. (DuckDB runs on this thread only, so
         # the thread's CPU time is the flush's whole cost.)
+        # While the file cannot be written, the retries keep the back-off's pace (5 s at most):
+        # a failed attempt can cost more CPU than a flush, and pacing by it would leave a fixed
+        # disk or a released lock unnoticed for up to the 30 s cap.
         if self.max_cpu_share is None:
             return
-        wait = min(_MAX_PACED_INTERVAL_SECONDS, cpu_seconds / self.max_cpu_share)
+        with self._cond:
+            longest = _MAX_PACED_INTERVAL_SECONDS if self._health.up else _MAX_BACKOFF_SECONDS
+        wait = min(longest, cpu_seconds / self.max_cpu_share)
         with self._cond:
             self._next_flush_at = max(self._next_flush_at, time.monotonic() + wait)
 
