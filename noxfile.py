@@ -134,7 +134,7 @@ def _run(session: nox.Session, name: str) -> None:
     )
     session.run(
         str(bin_dir / "pytest"),
-        "--durations=15",  # the slowest tests, in every log, to keep CI's time in view
+        "--durations=40",  # the slowest tests, in every log, to keep CI's time in view
         *spread,
         *env.pytest_args,
         *session.posargs,
