@@ -40,8 +40,10 @@ jvm_archive.apply(os.environ)
 # file is read at most 0.1 s later.
 IDLE_POLL_OPTION = "-Dspark.sql.streaming.pollingDelay=100ms"
 _jvm_options = os.environ.get(jvm_archive.VARIABLE, "").split()
-if IDLE_POLL_OPTION not in _jvm_options:
-    os.environ[jvm_archive.VARIABLE] = " ".join([*_jvm_options, IDLE_POLL_OPTION])
+# and Spark's expressions outside whole-stage code interpreted (jvm_archive.INTERPRETED_OPTION)
+_missing = [o for o in (IDLE_POLL_OPTION, jvm_archive.INTERPRETED_OPTION) if o not in _jvm_options]
+if _missing:
+    os.environ[jvm_archive.VARIABLE] = " ".join([*_jvm_options, *_missing])
 
 
 def _java_available() -> bool:
