@@ -522,8 +522,7 @@ class HistoryStore:
             return
         with self._cond:
             longest = _MAX_PACED_INTERVAL_SECONDS if self._health.up else _MAX_BACKOFF_SECONDS
-        wait = min(longest, cpu_seconds / self.max_cpu_share)
-        with self._cond:
+            wait = min(longest, cpu_seconds / self.max_cpu_share)
             self._next_flush_at = max(self._next_flush_at, time.monotonic() + wait)
 
     def _cycle(self, reads: list[_Read]) -> None:
